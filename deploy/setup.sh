@@ -1,0 +1,45 @@
+#!/bin/sh
+# Set up everything Sanctum needs on this machine: system packages where the
+# platform has them, then a virtual environment with Sanctum installed in it.
+#   deploy/setup.sh [VENV]        (default: .venv)
+set -eu
+cd "$(dirname "$0")/.."
+VENV=${1:-.venv}
+
+case "$(uname -s)" in
+Linux)
+    # MLX's CPU wheel links the reference BLAS; OpenBLAS makes it ~25x faster.
+    if [ ! -e /usr/lib/x86_64-linux-gnu/libopenblas.so.0 ] && [ ! -e /usr/lib/aarch64-linux-gnu/libopenblas.so.0 ] \
+        && command -v apt-get >/dev/null 2>&1; then
+        SUDO=""
+        [ "$(id -u)" = 0 ] || SUDO="sudo"
+        echo "setup: installing OpenBLAS (libopenblas0-pthread)"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas0-pthread >/dev/null
+    fi
+    ;;
+Darwin)
+    # MLX uses Metal and Accelerate; nothing to install system-wide.
+    ;;
+esac
+
+PY=""
+for candidate in python3.13 python3.12 python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 && \
+        "$candidate" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+        PY=$candidate
+        break
+    fi
+done
+[ -n "$PY" ] || { echo "setup: Python 3.11 or newer is required" >&2; exit 1; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup: creating $VENV with $PY"
+    "$PY" -m venv "$VENV"
+fi
+STAMP="$VENV/.sanctum-installed"
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+    "$VENV/bin/python" -m pip install -q --upgrade pip
+    "$VENV/bin/python" -m pip install -q -e '.[test]'
+    touch "$STAMP"
+fi
