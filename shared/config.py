@@ -1,0 +1,205 @@
+"""The TOML config, decoded into frozen msgspec Structs and validated.
+
+An unknown key or a bad value is a `ConfigError` whose message names the key
+(msgspec reports the path, e.g. ``$.seat[0].kv``).  The one settings object
+built here is passed down explicitly; nothing reads the TOML twice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+DEFAULT_CONFIG_NAME = "default_config.toml"
+
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+SeatName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
+
+
+class ConfigError(ValueError):
+    """The config cannot be used; the message names the offending key."""
+
+
+class ProxyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    listen: str = "127.0.0.1:8800"
+    tokenizer_margin: Annotated[int, msgspec.Meta(ge=0)] = 64
+    api_keys_env: str | None = None
+    # Seconds between the proxy's pings to each seat; a seat silent for
+    # `liveness` intervals is lost.
+    heartbeat_s: Positive = 1.0
+    liveness: PositiveInt = 3
+
+
+class SeatdConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    # Where sockets, counters and pid files live.  Empty: the platform default.
+    state_dir: str = ""
+    heartbeat_s: Positive = 1.0
+    liveness: PositiveInt = 3
+    drain_s: Positive = 20.0
+    # Crash budget before a seat goes FATAL, and the back-off between restarts.
+    max_crashes: PositiveInt = 5
+    crash_window_s: Positive = 60.0
+    backoff_initial_s: Positive = 0.5
+    backoff_max_s: Positive = 30.0
+
+
+class DrafterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    kind: Literal["model", "lookup"]
+    path: str | None = None
+
+
+class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: SeatName
+    kind: Literal["mlx", "openai"] = "mlx"
+    # local (mlx) seats
+    model: str | None = None
+    drafter: DrafterConfig | None = None
+    kv: Literal["fp16", "q8"] = "fp16"
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    speculation: bool = True
+    max_prompt_tokens: PositiveInt = 65536
+    memory_budget_mb: PositiveInt | None = None
+    # both kinds
+    first_token_timeout_s: Positive = 120.0
+    stall_timeout_s: Positive = 30.0
+    # hosted (openai) seats
+    base_url: str | None = None
+    api_key_env: str | None = None
+    upstream_model: str | None = None
+    offbox: bool = False
+
+
+class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    model: str
+    ladder: Annotated[list[str], msgspec.Meta(min_length=1)]
+    offbox: Literal["deny", "allow", "header"] = "deny"
+
+
+class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    seat: Annotated[list[SeatConfig], msgspec.Meta(min_length=1)]
+    route: Annotated[list[RouteConfig], msgspec.Meta(min_length=1)]
+    proxy: ProxyConfig = ProxyConfig()
+    seatd: SeatdConfig = SeatdConfig()
+    # Where the file came from, to resolve relative model paths.  Not a TOML key.
+    base_dir: str = ""
+
+    def seat_by_name(self, name: str) -> SeatConfig:
+        for seat in self.seat:
+            if seat.name == name:
+                return seat
+        raise KeyError(name)
+
+    @property
+    def local_seats(self) -> list[SeatConfig]:
+        return [s for s in self.seat if s.kind == "mlx"]
+
+
+def _check(config: Config) -> None:
+    names = [s.name for s in config.seat]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"seat[{i}].name: duplicate seat name {name!r}")
+    for i, seat in enumerate(config.seat):
+        where = f"seat[{i}] ({seat.name})"
+        if seat.kind == "mlx":
+            if not seat.model:
+                raise ConfigError(f"{where}.model: a local seat needs a model")
+            if seat.offbox:
+                raise ConfigError(f"{where}.offbox: a local (mlx) seat is on the box")
+            for key in ("base_url", "api_key_env", "upstream_model"):
+                if getattr(seat, key) is not None:
+                    raise ConfigError(f"{where}.{key}: only for kind = \"openai\"")
+        else:
+            if not seat.base_url:
+                raise ConfigError(f"{where}.base_url: a hosted seat needs base_url")
+            if seat.model is not None or seat.drafter is not None:
+                raise ConfigError(f"{where}.model: a hosted seat uses upstream_model")
+        if seat.drafter is not None and seat.drafter.kind == "model" and not seat.drafter.path:
+            raise ConfigError(f"{where}.drafter.path: a model drafter needs a path")
+    routes = [r.model for r in config.route]
+    for i, route in enumerate(config.route):
+        if route.model in routes[:i]:
+            raise ConfigError(f"route[{i}].model: duplicate route {route.model!r}")
+        for rung in route.ladder:
+            if rung not in names:
+                raise ConfigError(f"route[{i}].ladder: unknown seat {rung!r}")
+    host, _, port = config.proxy.listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"proxy.listen: expected HOST:PORT, got {config.proxy.listen!r}")
+
+
+def parse_config(text: str, base_dir: str = "") -> Config:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}") from None
+    if "base_dir" in raw:
+        raise ConfigError("Object contains unknown field `base_dir` - at `$`")
+    raw["base_dir"] = base_dir
+    try:
+        config = msgspec.convert(raw, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(str(exc)) from None
+    _check(config)
+    return config
+
+
+def load_config(path: str | os.PathLike[str] | None) -> Config:
+    """Load `path`, or the packaged default config when `path` is None."""
+    if path is None:
+        text = resources.files("shared").joinpath(DEFAULT_CONFIG_NAME).read_text()
+        return parse_config(text)
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror}") from None
+    return parse_config(text, base_dir=str(p.resolve().parent))
+
+
+def with_port(config: Config, port: int) -> Config:
+    host = config.proxy.listen.rpartition(":")[0]
+    proxy = msgspec.structs.replace(config.proxy, listen=f"{host}:{port}")
+    return msgspec.structs.replace(config, proxy=proxy)
+
+
+def listen_address(config: Config) -> tuple[str, int]:
+    host, _, port = config.proxy.listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def state_dir(config: Config) -> Path:
+    """Sockets, counters and pid files.  `SANCTUM_STATE_DIR` overrides the config."""
+    chosen = os.environ.get("SANCTUM_STATE_DIR") or config.seatd.state_dir
+    if chosen:
+        return Path(chosen).expanduser()
+    if sys.platform == "darwin":
+        return Path("~/Library/Application Support/Sanctum").expanduser()
+    runtime = os.environ.get("XDG_STATE_HOME")
+    base = Path(runtime) if runtime else Path("~/.local/state").expanduser()
+    return base / "sanctum"
+
+
+def worker_endpoint(config: Config, seat: str) -> str:
+    return f"ipc://{state_dir(config) / f'seat-{seat}.sock'}"
+
+
+def control_endpoint(config: Config) -> str:
+    return f"ipc://{state_dir(config) / 'seatd.sock'}"
+
+
+def resolve_path(config: Config, spec: str) -> str:
+    """A model spec relative to the config file's folder; builtin: specs unchanged."""
+    if spec.startswith("builtin:"):
+        return spec
+    p = Path(spec).expanduser()
+    if not p.is_absolute() and config.base_dir:
+        p = Path(config.base_dir) / p
+    return str(p)

@@ -1,0 +1,90 @@
+"""The error tree.  Each error knows its HTTP status and OpenAI `type`/`code`.
+
+    SanctumError                       500 server_error
+    ├── ClientError                    4xx: returned as is, never a fallback
+    │   ├── BadRequest                 400 invalid_request_error
+    │   ├── Unauthorized               401 invalid_request_error / invalid_api_key
+    │   ├── NotFound                   404 invalid_request_error / model_not_found
+    │   └── PromptTooLong              413 invalid_request_error / prompt_too_long
+    └── ServiceError                   5xx: every allowed rung failed
+        ├── NoPrivateSeat              503 no_private_seat
+        └── AllRungsFailed             503 all_rungs_failed
+
+Seat outcomes map onto it: `Rejected(status, code)` becomes a ClientError with
+that status and code; `Failed` on the last rung becomes a ServiceError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SanctumError(Exception):
+    status = 500
+    type = "server_error"
+    code = "internal_error"
+
+    def __init__(self, message: str, *, code: str | None = None, status: int | None = None,
+                 param: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+        self.param = param
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {
+            "message": self.message,
+            "type": self.type,
+            "code": self.code,
+            "param": self.param,
+        }
+        error.update(self.extra)
+        return {"error": error}
+
+
+class ClientError(SanctumError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class BadRequest(ClientError):
+    pass
+
+
+class Unauthorized(ClientError):
+    status = 401
+    code = "invalid_api_key"
+
+
+class NotFound(ClientError):
+    status = 404
+    code = "model_not_found"
+
+
+class PromptTooLong(ClientError):
+    status = 413
+    code = "prompt_too_long"
+
+
+class ServiceError(SanctumError):
+    status = 503
+    type = "server_error"
+    code = "service_unavailable"
+
+
+class NoPrivateSeat(ServiceError):
+    code = "no_private_seat"
+
+
+class AllRungsFailed(ServiceError):
+    code = "all_rungs_failed"
+
+
+def client_error(status: int, code: str, message: str, **extra: Any) -> ClientError:
+    """The ClientError for a seat's `Rejected(status, code)`."""
+    return ClientError(message, code=code, status=status, **extra)
