@@ -1,0 +1,1 @@
+"""seatd: the supervisor of local seats, and the seat worker it spawns."""

@@ -1,0 +1,99 @@
+"""A seat's own counters: lifetime totals that survive restarts.
+
+The worker owns them.  After every request they are written atomically (write a
+temporary file, then rename), and a new incarnation starts from the saved
+totals, so `served` never goes backwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger()
+
+# Plain totals and labelled totals (DESIGN.md, "Seat counters").
+PLAIN = (
+    "served",
+    "failed",
+    "cancelled",
+    "prompt_tokens",
+    "completion_tokens",
+    "accelerated",
+    "spec_drafts",
+    "spec_draft_tokens",
+    "spec_accepted_tokens",
+    "prompt_cache_hits",
+    "prompt_cache_reused_tokens",
+    "bad_frames",
+)
+LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens")
+# Counted per lane as well as in total.
+PER_LANE = ("served", "prompt_tokens", "completion_tokens", "accelerated", "declined")
+
+
+class SeatCounters:
+    def __init__(self, seat: str, path: Path | None) -> None:
+        self.seat = seat
+        self.path = path
+        self.totals: dict[str, int] = dict.fromkeys(PLAIN, 0)
+        self.labelled: dict[str, dict[str, int]] = {name: {} for name in LABELLED}
+        self.lanes: dict[str, dict[str, Any]] = {}
+        self.incarnation = 1
+        self.started_at = time.time()
+        self._load()
+
+    def _load(self) -> None:
+        if self.path is None or not self.path.exists():
+            return
+        try:
+            saved = json.loads(self.path.read_text())
+        except (OSError, ValueError) as exc:
+            # A torn or foreign file must not stop the seat; say so and start over.
+            log.warning("counters_unreadable", path=str(self.path), error=str(exc))
+            return
+        for name in PLAIN:
+            self.totals[name] = int(saved.get(name, 0))
+        for name in LABELLED:
+            self.labelled[name] = {str(k): int(v) for k, v in saved.get(name, {}).items()}
+        self.lanes = saved.get("lanes", {})
+        self.incarnation = int(saved.get("incarnation", 0)) + 1
+
+    def inc(self, name: str, n: int = 1, *, label: str | None = None,
+            lane: str | None = None) -> None:
+        if label is None:
+            self.totals[name] += n
+        else:
+            bucket = self.labelled[name]
+            bucket[label] = bucket.get(label, 0) + n
+        if lane is not None and name in PER_LANE:
+            per = self.lanes.setdefault(lane, {})
+            if label is None:
+                per[name] = per.get(name, 0) + n
+            else:
+                sub = per.setdefault(name, {})
+                sub[label] = sub.get(label, 0) + n
+
+    @property
+    def served(self) -> int:
+        return self.totals["served"]
+
+    def snapshot(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.totals)
+        out.update({name: dict(v) for name, v in self.labelled.items()})
+        out["lanes"] = json.loads(json.dumps(self.lanes))
+        out["incarnation"] = self.incarnation
+        out["started_at"] = self.started_at
+        return out
+
+    def persist(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.snapshot()))
+        os.replace(tmp, self.path)
