@@ -1,0 +1,1 @@
+"""proxyd: the asyncio HTTP front door (OpenAI API, ladders, caps, counters)."""

@@ -1,0 +1,343 @@
+"""The aiohttp application: OpenAI endpoints, the ladder loop, counters.
+
+Response headers are sent only at the commit point (the answering seat's first
+text), so `X-Sanctum-Seat` and `X-Sanctum-Attempts` are true when they leave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+import uuid
+from contextlib import aclosing
+from typing import Any
+
+import structlog
+import zmq.asyncio
+from aiohttp import web
+
+from proxyd import responses
+from proxyd.counters import ProxyCounters, render_metrics
+from proxyd.ladder import (
+    Phase,
+    Skipped,
+    Step,
+    attempts_header,
+    decide,
+    offbox_allowed,
+    outcome_label,
+    plan,
+)
+from proxyd.openai_api import parse_chat, parse_completion
+from proxyd.responses import Answer, Kind
+from proxyd.seat_client import SeatClient
+from shared.config import Config, RouteConfig, worker_endpoint
+from shared.errors import (
+    AllRungsFailed,
+    NoPrivateSeat,
+    NotFound,
+    SanctumError,
+    Unauthorized,
+    client_error,
+)
+from shared.protocol import Chunk, Failed, Final, Generate, Ok, Outcome, Rejected
+
+log = structlog.get_logger()
+
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+class Proxy:
+    """Everything the handlers share, built once from the config."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.seats = {s.name: s for s in config.seat}
+        self.routes = {r.model: r for r in config.route}
+        self.counters = ProxyCounters()
+        self.clients: dict[str, SeatClient] = {}
+        self.ctx: zmq.asyncio.Context | None = None
+        keys_env = config.proxy.api_keys_env
+        raw = os.environ.get(keys_env, "") if keys_env else ""
+        self.api_keys = {k.strip() for k in raw.split(",") if k.strip()}
+
+    async def start(self) -> None:
+        self.ctx = zmq.asyncio.Context()
+        p = self.config.proxy
+        for seat in self.config.local_seats:
+            client = SeatClient(seat.name, worker_endpoint(self.config, seat.name), self.ctx,
+                                p.heartbeat_s, p.liveness)
+            client.start()
+            self.clients[seat.name] = client
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(c.close() for c in self.clients.values()))
+        if self.ctx is not None:
+            self.ctx.term()
+
+    async def seat_counters(self) -> dict[str, dict[str, Any] | None]:
+        names = list(self.clients)
+        got = await asyncio.gather(*(self.clients[n].counters() for n in names))
+        return dict(zip(names, got, strict=True))
+
+
+PROXY = web.AppKey("proxy", Proxy)
+
+
+def request_id(request: web.Request) -> str:
+    given = request.headers.get("X-Request-Id", "")
+    return given if REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+# -- middleware -----------------------------------------------------------
+
+
+def error_response(exc: SanctumError, rid: str | None = None) -> web.Response:
+    headers = {"X-Request-Id": rid} if rid else None
+    return web.json_response(exc.body(), status=exc.status, headers=headers)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except SanctumError as exc:
+        if exc.status < 500:
+            request.app[PROXY].counters.inc("bad_requests")
+        return error_response(exc, request.get("request_id"))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        body = {"error": {"message": exc.reason, "type": "invalid_request_error",
+                          "code": exc.reason.lower().replace(" ", "_"), "param": None}}
+        return web.json_response(body, status=exc.status)
+
+
+@web.middleware
+async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+    keys = request.app[PROXY].api_keys
+    if keys and request.path != "/health":
+        given = request.headers.get("Authorization", "")
+        token = given[7:].strip() if given.lower().startswith("bearer ") else ""
+        if token not in keys:
+            raise Unauthorized("missing or unknown API key")
+    return await handler(request)
+
+
+# -- the ladder loop ------------------------------------------------------
+
+
+async def _write(response: web.StreamResponse, data: bytes) -> bool:
+    try:
+        await response.write(data)
+        return True
+    except (ConnectionError, RuntimeError):
+        return False
+
+
+def _gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Generate,
+                include_usage: bool) -> web.StreamResponse:
+    proxy = request.app[PROXY]
+    counters = proxy.counters
+    rid = gen.request_id
+    may_leave = offbox_allowed(route, request.headers.get("X-Sanctum-Offbox"))
+    ladder = plan(route, proxy.seats, may_leave)
+    attempts: list[tuple[str, Outcome | Skipped]] = []
+    created = int(time.time())
+    started = time.monotonic()
+
+    def record(seat: str, outcome: Outcome | Skipped) -> None:
+        attempts.append((seat, outcome))
+        counters.inc("attempts", seat, outcome_label(outcome).split(":")[0])
+
+    for name in ladder.rungs:
+        seat_cfg = proxy.seats[name]
+        client = proxy.clients.get(name)
+        if client is None:
+            # Hosted rungs are not served by this proxy build yet.
+            record(name, Skipped("unsupported_rung"))
+            continue
+        answer = Answer(rid, kind, name, created)
+        response: web.StreamResponse | None = None
+        texts: list[str] = []
+        frames = client.frames(gen, seat_cfg.first_token_timeout_s, seat_cfg.stall_timeout_s)
+        async with aclosing(frames) as it:
+            async for frame in it:
+                if isinstance(frame, Chunk):
+                    answer.served = frame.served_if_ok
+                    if not gen.stream:
+                        texts.append(frame.text)
+                        if _gone(request):
+                            counters.inc("client_disconnects")
+                            record(name, Failed("client_disconnected"))
+                            return web.Response(status=499)
+                        continue
+                    if response is None:
+                        # Committing to this seat: it is the answering one.
+                        answer.attempts = attempts_header([*attempts, (name, Ok())])
+                        response = await _commit(request, answer, started)
+                    if not await _write(response, responses.text_chunk(answer, frame.text)):
+                        counters.inc("client_disconnects")
+                        record(name, Failed("client_disconnected"))
+                        return response
+                    continue
+                assert isinstance(frame, Final)
+                outcome = frame.outcome
+                record(name, outcome)
+                phase = Phase.AFTER_COMMIT if response is not None else Phase.BEFORE_COMMIT
+                step = decide(outcome, phase)
+                log.info("attempt", request_id=rid, seat=name, outcome=outcome_label(outcome),
+                         phase=phase.value, step=step.value)
+                if step is Step.NEXT_RUNG:
+                    assert isinstance(outcome, Failed)
+                    counters.inc("fallbacks", outcome.reason)
+                    break
+                if step is Step.RETURN_ERROR:
+                    assert isinstance(outcome, Rejected)
+                    raise client_error(outcome.status, outcome.code, outcome.message,
+                                       attempts=attempts_header(attempts), **outcome.extra)
+                if step is Step.ABORT_STREAM:
+                    assert response is not None
+                    counters.inc("midstream_aborts")
+                    reason = outcome_label(outcome)
+                    await _write(response, responses.error_event(
+                        f"seat {name} failed after the answer began ({reason}); "
+                        "the answer is incomplete", "midstream_failure",
+                        seat=name, attempts=attempts_header(attempts)))
+                    return response
+                if step is Step.STOP:
+                    return response or web.Response(status=499)
+                # DONE
+                counters.inc("answered_by", name)
+                answer.served = frame.served
+                answer.speculation = frame.speculation
+                answer.attempts = attempts_header(attempts)
+                usage = responses.usage_body(frame.usage.prompt_tokens,
+                                             frame.usage.completion_tokens,
+                                             frame.usage.cached_tokens)
+                log.info("answered", request_id=rid, seat=name, attempts=answer.attempts,
+                         prompt_tokens=frame.usage.prompt_tokens,
+                         completion_tokens=frame.usage.completion_tokens,
+                         ttft_s=round(frame.ttft_s, 4),
+                         elapsed_s=round(time.monotonic() - started, 4))
+                if not gen.stream:
+                    body = responses.full_body(answer, "".join(texts), frame.finish_reason, usage)
+                    return web.json_response(body, headers=answer.headers(), dumps=_dumps)
+                if response is None:
+                    response = await _commit(request, answer, started)
+                await _write(response, responses.last_chunks(
+                    answer, frame.finish_reason, usage if include_usage else None))
+                return response
+    # Every allowed rung failed or was skipped; nothing was sent.
+    header = attempts_header(attempts)
+    if ladder.filtered_offbox:
+        counters.inc("offbox_blocked")
+        raise NoPrivateSeat(
+            "every local seat for this private request failed; off-box seats "
+            f"({', '.join(ladder.filtered_offbox)}) are not allowed for it",
+            attempts=header)
+    raise AllRungsFailed(f"every seat of route {route.model!r} failed", attempts=header)
+
+
+async def _commit(request: web.Request, answer: Answer, started: float) -> web.StreamResponse:
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache", **answer.headers()})
+    await response.prepare(request)
+    first = responses.first_chunk(answer)
+    if first:
+        await _write(response, first)
+    return response
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False)
+
+
+# -- handlers -------------------------------------------------------------
+
+
+def _route(proxy: Proxy, model: str) -> RouteConfig:
+    route = proxy.routes.get(model)
+    if route is None:
+        raise NotFound(f"no route named {model!r}; GET /v1/models lists them", param="model")
+    return route
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    proxy = request.app[PROXY]
+    proxy.counters.inc("requests")
+    rid = request["request_id"] = request_id(request)
+    req, messages, params = parse_chat(await request.read())
+    route = _route(proxy, req.model)
+    gen = Generate(rid, req.stream, params, messages=messages)
+    usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await serve(request, "chat", route, gen, usage)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    proxy = request.app[PROXY]
+    proxy.counters.inc("requests")
+    rid = request["request_id"] = request_id(request)
+    req, prompt, params = parse_completion(await request.read())
+    route = _route(proxy, req.model)
+    gen = Generate(rid, req.stream, params, prompt=prompt)
+    usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await serve(request, "completion", route, gen, usage)
+
+
+async def models(request: web.Request) -> web.Response:
+    proxy = request.app[PROXY]
+    data = [{"id": r.model, "object": "model", "created": 0, "owned_by": "sanctum",
+             "ladder": list(r.ladder), "offbox": r.offbox} for r in proxy.config.route]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def health(request: web.Request) -> web.Response:
+    proxy = request.app[PROXY]
+    seats = {}
+    for name, c in proxy.clients.items():
+        pong = c.pong
+        seats[name] = {"ready": c.ready, "alive": c.alive,
+                       "incarnation": pong.incarnation if pong else None,
+                       "pid": pong.pid if pong else None}
+    ready = any(s["ready"] for s in seats.values())
+    return web.json_response({"status": "ok" if ready else "degraded", "seats": seats})
+
+
+async def counters(request: web.Request) -> web.Response:
+    proxy = request.app[PROXY]
+    return web.json_response({"proxy": proxy.counters.snapshot(),
+                              "seats": await proxy.seat_counters()})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    proxy = request.app[PROXY]
+    body = render_metrics(proxy.counters, await proxy.seat_counters())
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")
+
+
+async def _lifecycle(app: web.Application) -> Any:
+    proxy = app[PROXY]
+    await proxy.start()
+    yield
+    await proxy.stop()
+
+
+def make_app(config: Config) -> web.Application:
+    app = web.Application(middlewares=[errors, auth], client_max_size=32 * 1024 * 1024)
+    app[PROXY] = Proxy(config)
+    app.cleanup_ctx.append(_lifecycle)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/counters", counters)
+    app.router.add_get("/metrics", metrics)
+    return app

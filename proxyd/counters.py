@@ -1,0 +1,91 @@
+"""The proxy's own counters, and their Prometheus exposition.
+
+Counters are plain labelled totals held here; `/counters` serves them as JSON
+with every seat's own counters beside them, and `/metrics` renders the same
+numbers through prometheus-client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+PLAIN = ("requests", "offbox_blocked", "over_cap", "midstream_aborts", "client_disconnects",
+         "bad_requests", "cap_disagreements")
+# name -> label names
+LABELLED: dict[str, tuple[str, ...]] = {
+    "answered_by": ("seat",),
+    "attempts": ("seat", "outcome"),
+    "fallbacks": ("reason",),
+}
+
+
+class ProxyCounters:
+    def __init__(self) -> None:
+        self.plain: dict[str, int] = dict.fromkeys(PLAIN, 0)
+        self.labelled: dict[str, dict[tuple[str, ...], int]] = {k: {} for k in LABELLED}
+
+    def inc(self, name: str, *labels: str, n: int = 1) -> None:
+        if name in self.plain:
+            self.plain[name] += n
+            return
+        bucket = self.labelled[name]
+        bucket[labels] = bucket.get(labels, 0) + n
+
+    def snapshot(self) -> dict[str, Any]:
+        out: dict[str, Any] = dict(self.plain)
+        out["answered_by"] = {k[0]: v for k, v in self.labelled["answered_by"].items()}
+        out["fallbacks"] = {k[0]: v for k, v in self.labelled["fallbacks"].items()}
+        attempts: dict[str, dict[str, int]] = {}
+        for (seat, outcome), v in self.labelled["attempts"].items():
+            attempts.setdefault(seat, {})[outcome] = v
+        out["attempts"] = attempts
+        return out
+
+
+class _Snapshot(Collector):
+    def __init__(self, proxy: ProxyCounters, seats: Mapping[str, Mapping[str, Any] | None]) -> None:
+        self.proxy = proxy
+        self.seats = seats
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        for name, value in self.proxy.plain.items():
+            fam = CounterMetricFamily(f"sanctum_proxy_{name}", f"proxy {name}")
+            fam.add_metric([], value)
+            yield fam
+        for name, labels in LABELLED.items():
+            fam = CounterMetricFamily(f"sanctum_proxy_{name}", f"proxy {name}", labels=list(labels))
+            for key, value in self.proxy.labelled[name].items():
+                fam.add_metric(list(key), value)
+            yield fam
+        up = GaugeMetricFamily("sanctum_seat_up", "seat answered its counters", labels=["seat"])
+        plain: dict[str, CounterMetricFamily] = {}
+        labelled: dict[str, CounterMetricFamily] = {}
+        for seat, counters in self.seats.items():
+            up.add_metric([seat], 0 if counters is None else 1)
+            for key, value in (counters or {}).items():
+                if isinstance(value, bool) or key in ("started_at",):
+                    continue
+                if isinstance(value, int):
+                    fam = plain.setdefault(key, CounterMetricFamily(
+                        f"sanctum_seat_{key}", f"seat {key}", labels=["seat"]))
+                    fam.add_metric([seat], value)
+                elif isinstance(value, dict) and key != "lanes":
+                    fam = labelled.setdefault(key, CounterMetricFamily(
+                        f"sanctum_seat_{key}", f"seat {key}", labels=["seat", "label"]))
+                    for label, v in value.items():
+                        if isinstance(v, int):
+                            fam.add_metric([seat, str(label)], v)
+        yield up
+        yield from plain.values()
+        yield from labelled.values()
+
+
+def render_metrics(proxy: ProxyCounters, seats: Mapping[str, Mapping[str, Any] | None]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(proxy, seats))
+    return generate_latest(registry)

@@ -1,0 +1,173 @@
+"""The proxy's side of one local seat: a ZeroMQ DEALER, heartbeats, and demux.
+
+One socket per seat carries work and heartbeats (any message counts as a sign
+of life).  Frames are routed to the attempt that owns their request id.  An
+attempt learns that its worker is gone from the heartbeat (silence for
+`liveness` intervals) or from a pong with a new incarnation, whichever comes
+first, without waiting for its own timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+import structlog
+import zmq
+import zmq.asyncio
+
+from shared import protocol
+from shared.protocol import Chunk, Failed, Final, Generate, Pong
+
+log = structlog.get_logger()
+
+Frame = Chunk | Final
+
+
+class SeatClient:
+    def __init__(self, name: str, endpoint: str, ctx: zmq.asyncio.Context,
+                 heartbeat_s: float = 1.0, liveness: int = 3) -> None:
+        self.name = name
+        self.endpoint = endpoint
+        self.heartbeat_s = heartbeat_s
+        self.liveness = liveness
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        # Queue only to a connected worker: a frame must never wait in a pipe
+        # for the next incarnation of a crashed worker.
+        self.sock.setsockopt(zmq.IMMEDIATE, 1)
+        self.sock.connect(endpoint)
+        self.pong: Pong | None = None
+        self.heard_at = 0.0
+        self.bad_frames = 0
+        self._pending: dict[str, tuple[asyncio.Queue[Frame], int]] = {}
+        self._counter_waiters: list[asyncio.Future[dict[str, object]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- liveness ---------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return time.monotonic() - self.heard_at <= self.heartbeat_s * self.liveness
+
+    @property
+    def ready(self) -> bool:
+        return self.alive and self.pong is not None and self.pong.ready
+
+    def _lose_all(self, reason: str, only_incarnation: int | None = None) -> None:
+        for rid, (queue, incarnation) in list(self._pending.items()):
+            if only_incarnation is None or incarnation == only_incarnation:
+                queue.put_nowait(Final(rid, Failed(reason), self.name, 0, incarnation))
+
+    # -- background tasks -------------------------------------------------
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._beat())]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.sock.close(linger=0)
+
+    def _send(self, message: msgspec.Struct) -> bool:
+        try:
+            self.sock.send(protocol.encode(message), zmq.NOBLOCK)
+            return True
+        except zmq.Again:
+            return False
+
+    async def _beat(self) -> None:
+        while True:
+            self._send(protocol.Ping(sent_at=time.monotonic()))
+            await asyncio.sleep(self.heartbeat_s)
+            if self._pending and not self.alive:
+                self._lose_all("worker_lost")
+
+    async def _read(self) -> None:
+        while True:
+            payload = await self.sock.recv()
+            try:
+                reply = protocol.reply_decoder.decode(payload)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                self.bad_frames += 1
+                log.warning("bad_frame_from_seat", seat=self.name, error=str(exc))
+                continue
+            self.heard_at = time.monotonic()
+            match reply:
+                case Pong():
+                    old = self.pong
+                    self.pong = reply
+                    if old is not None and old.incarnation != reply.incarnation:
+                        # Whatever the old incarnation was doing is gone with it.
+                        self._lose_all("worker_lost", only_incarnation=old.incarnation)
+                case Chunk(request_id=rid) | Final(request_id=rid):
+                    entry = self._pending.get(rid)
+                    if entry is not None:
+                        entry[0].put_nowait(reply)
+                case protocol.CountersReply(counters=counters):
+                    waiters, self._counter_waiters = self._counter_waiters, []
+                    for fut in waiters:
+                        if not fut.done():
+                            fut.set_result(counters)
+                case protocol.BadFrame(error=error):
+                    log.error("seat_refused_frame", seat=self.name, error=error)
+
+    # -- requests ---------------------------------------------------------
+
+    async def frames(self, request: Generate, first_token_s: float,
+                     stall_s: float) -> AsyncIterator[Frame]:
+        """Send `request` and yield its frames; a lost or silent seat yields a failed Final.
+
+        Leaving the iterator early cancels the request in the seat.
+        """
+        rid = request.request_id
+        if not self.ready:
+            reason = "not_ready" if self.alive else "worker_lost"
+            yield Final(rid, Failed(reason, "seat not ready"), self.name, 0, 0)
+            return
+        queue: asyncio.Queue[Frame] = asyncio.Queue()
+        assert self.pong is not None
+        self._pending[rid] = (queue, self.pong.incarnation)
+        finished = False
+        try:
+            if not self._send(request):
+                yield Final(rid, Failed("connection_refused"), self.name, 0, 0)
+                finished = True
+                return
+            timeout, reason = first_token_s, "first_token_timeout"
+            while True:
+                try:
+                    frame = await asyncio.wait_for(queue.get(), timeout)
+                except TimeoutError:
+                    yield Final(rid, Failed(reason, f"no frame for {timeout:g}s"), self.name, 0, 0)
+                    return
+                if isinstance(frame, Final):
+                    # A seat that sent its own Final is done; a lost one may be hung.
+                    lost = isinstance(frame.outcome, Failed) and frame.outcome.reason == "worker_lost"
+                    finished = not lost
+                    yield frame
+                    return
+                yield frame
+                timeout, reason = stall_s, "stall_timeout"
+        finally:
+            self._pending.pop(rid, None)
+            if not finished:
+                self._send(protocol.Cancel(rid))
+
+    def cancel(self, request_id: str) -> None:
+        self._send(protocol.Cancel(request_id))
+
+    async def counters(self, timeout_s: float = 1.0) -> dict[str, object] | None:
+        if not self.alive:
+            return None
+        fut: asyncio.Future[dict[str, object]] = asyncio.get_running_loop().create_future()
+        self._counter_waiters.append(fut)
+        if not self._send(protocol.GetCounters()):
+            return None
+        try:
+            return await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            return None

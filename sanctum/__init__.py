@@ -1,0 +1,1 @@
+"""The `sanctum` command line."""

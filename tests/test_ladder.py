@@ -1,0 +1,99 @@
+"""Ladder decisions: every outcome in every phase, and privacy filtering."""
+
+import itertools
+
+import pytest
+
+from proxyd.ladder import (
+    Phase,
+    Skipped,
+    Step,
+    attempts_header,
+    decide,
+    offbox_allowed,
+    plan,
+)
+from shared.config import RouteConfig, SeatConfig
+from shared.protocol import Cancelled, Failed, Ok, Rejected
+
+OUTCOMES = {
+    "ok": Ok(),
+    "rejected_400": Rejected(400, "bad", "x"),
+    "rejected_404": Rejected(404, "nf", "x"),
+    "rejected_413": Rejected(413, "prompt_too_long", "x"),
+    "rejected_422": Rejected(422, "unprocessable", "x"),
+    "failed_worker_lost": Failed("worker_lost"),
+    "failed_not_ready": Failed("not_ready"),
+    "failed_first_token_timeout": Failed("first_token_timeout"),
+    "failed_stall": Failed("stall_timeout"),
+    "failed_internal": Failed("internal_error"),
+    "cancelled": Cancelled(),
+}
+EXPECTED = {
+    ("ok", Phase.BEFORE_COMMIT): Step.DONE,
+    ("ok", Phase.AFTER_COMMIT): Step.DONE,
+    ("cancelled", Phase.BEFORE_COMMIT): Step.STOP,
+    ("cancelled", Phase.AFTER_COMMIT): Step.STOP,
+}
+for name in OUTCOMES:
+    if name.startswith("rejected"):
+        EXPECTED[(name, Phase.BEFORE_COMMIT)] = Step.RETURN_ERROR
+        EXPECTED[(name, Phase.AFTER_COMMIT)] = Step.ABORT_STREAM
+    if name.startswith("failed"):
+        EXPECTED[(name, Phase.BEFORE_COMMIT)] = Step.NEXT_RUNG
+        EXPECTED[(name, Phase.AFTER_COMMIT)] = Step.ABORT_STREAM
+
+
+@pytest.mark.parametrize(("name", "phase"), list(itertools.product(OUTCOMES, Phase)))
+def test_decide_covers_every_outcome_and_phase(name: str, phase: Phase) -> None:
+    """Fallback only on a real failure before commit; client errors go back as they are."""
+    assert decide(OUTCOMES[name], phase) is EXPECTED[(name, phase)]
+
+
+def test_table_is_complete() -> None:
+    """The expectation table names every combination, so a new outcome must be added."""
+    assert set(EXPECTED) == set(itertools.product(OUTCOMES, Phase))
+
+
+SEATS = {
+    "brain": SeatConfig(name="brain", model="m"),
+    "coder": SeatConfig(name="coder", model="m"),
+    "hosted": SeatConfig(name="hosted", kind="openai", base_url="https://x.invalid/v1",
+                         offbox=True),
+}
+
+
+@pytest.mark.parametrize(
+    ("policy", "header", "allowed"),
+    [
+        ("deny", None, False),
+        ("deny", "allow", False),
+        ("allow", None, True),
+        ("header", None, False),
+        ("header", "deny", False),
+        ("header", "allow", True),
+        ("header", " Allow ", True),
+    ],
+)
+def test_offbox_policy(policy: str, header: str | None, allowed: bool) -> None:
+    """Only `allow`, or `header` with the opt-in header, lets a request leave the box."""
+    route = RouteConfig(model="brain", ladder=["brain", "hosted"], offbox=policy)  # type: ignore[arg-type]
+    assert offbox_allowed(route, header) is allowed
+
+
+def test_private_plan_filters_offbox_rungs_before_any_attempt() -> None:
+    """A private request's plan never contains an off-box seat."""
+    route = RouteConfig(model="brain", ladder=["brain", "hosted", "coder"])
+    private = plan(route, SEATS, may_leave=False)
+    assert private.rungs == ("brain", "coder")
+    assert private.filtered_offbox == ("hosted",)
+    public = plan(route, SEATS, may_leave=True)
+    assert public.rungs == ("brain", "hosted", "coder")
+    assert public.filtered_offbox == ()
+
+
+def test_attempts_header() -> None:
+    """The attempts header lists every rung tried, in order, with its outcome."""
+    header = attempts_header([("brain", Failed("worker_lost")), ("small", Skipped("over_cap")),
+                              ("coder", Ok())])
+    assert header == "brain=failed:worker_lost; small=skipped:over_cap; coder=ok"

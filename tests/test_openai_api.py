@@ -1,0 +1,74 @@
+"""OpenAI request validation: bad input is a 400 naming the field."""
+
+import json
+
+import pytest
+
+from proxyd.openai_api import DEFAULT_MAX_TOKENS, parse_chat, parse_completion
+from shared.errors import BadRequest
+
+
+def chat(**kw) -> bytes:
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}]}
+    body.update(kw)
+    return json.dumps(body).encode()
+
+
+def test_defaults_and_fields() -> None:
+    """Sampling fields map onto SamplingParams; a string stop becomes a tuple."""
+    req, messages, p = parse_chat(chat(temperature=0, top_p=0.5, top_k=20, max_tokens=9,
+                                       stop="\n", seed=4))
+    assert (p.temperature, p.top_p, p.top_k, p.max_tokens, p.stop, p.seed) == \
+        (0.0, 0.5, 20, 9, ("\n",), 4)
+    assert messages[0].content == "hi"
+    _, _, d = parse_chat(chat())
+    assert d.max_tokens == DEFAULT_MAX_TOKENS and d.temperature == 1.0
+
+
+def test_content_parts_are_joined() -> None:
+    """Text content parts are accepted as one string."""
+    body = chat(messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                       {"type": "text", "text": "b"}]}])
+    assert parse_chat(body)[1][0].content == "ab"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"", None),
+        (b"{not json", None),
+        (b"[]", None),
+        (chat(temperature=2.5), "temperature"),
+        (chat(temperature="hot"), "temperature"),
+        (chat(top_p=0), "top_p"),
+        (chat(max_tokens=-1), "max_tokens"),
+        (chat(max_tokens=0), "max_tokens"),
+        (chat(top_k=-3), "top_k"),
+        (chat(n=2), "n"),
+        (chat(stop=["a", "b", "c", "d", "e"]), "stop"),
+        (chat(stop=[""]), "stop"),
+        (chat(messages=[]), "messages"),
+        (chat(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role"),
+        (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode(), None),
+    ],
+)
+def test_bad_chat_requests(body: bytes, param: str | None) -> None:
+    """Each malformed request is a 400 in the OpenAI error shape, naming its field."""
+    with pytest.raises(BadRequest) as err:
+        parse_chat(body)
+    shape = err.value.body()["error"]
+    assert err.value.status == 400
+    assert shape["type"] == "invalid_request_error" and shape["message"]
+    if param is not None:
+        assert shape["param"] == param
+
+
+def test_completion_prompt_forms() -> None:
+    """A completion prompt may be a string or a one-element list."""
+    assert parse_completion(b'{"model":"demo","prompt":"x"}')[1] == "x"
+    assert parse_completion(b'{"model":"demo","prompt":["y"]}')[1] == "y"
+    with pytest.raises(BadRequest):
+        parse_completion(b'{"model":"demo","prompt":["a","b"]}')
+    with pytest.raises(BadRequest):
+        parse_completion(b'{"model":"demo","prompt":""}')
