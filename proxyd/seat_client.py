@@ -73,11 +73,16 @@ class SeatClient:
         self.sock.close(linger=0)
 
     def _send(self, message: msgspec.Struct) -> bool:
-        try:
-            self.sock.send(protocol.encode(message), zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            return False
+        """Send without waiting; False when the worker is not connected.
+
+        A non-blocking send on an asyncio socket completes at once: its future
+        holds `zmq.Again` when no worker is connected (IMMEDIATE is set).
+        """
+        fut = self.sock.send(protocol.encode(message), zmq.NOBLOCK)
+        if fut.done():
+            return fut.exception() is None
+        fut.add_done_callback(lambda f: f.exception())
+        return True
 
     async def _beat(self) -> None:
         while True:

@@ -42,7 +42,7 @@ from seatd.states import (
     transition,
 )
 from shared import exitcodes, protocol
-from shared.config import Config, control_endpoint, state_dir, worker_endpoint
+from shared.config import Config, control_endpoint, state_dir, unlink_endpoint, worker_endpoint
 
 log = structlog.get_logger()
 
@@ -57,7 +57,7 @@ class Seat:
     name: str
     state: SeatState = field(default_factory=SeatState)
     proc: subprocess.Popen[bytes] | None = None
-    sock: zmq.asyncio.Socket | None = None
+    sock: zmq.Socket[bytes] | None = None
     spawned_at: float = 0.0
     heard_at: float | None = None
     pinged_at: float = 0.0
@@ -72,6 +72,9 @@ class Supervisor:
         self.policy = Policy(s.max_crashes, s.crash_window_s, s.backoff_initial_s, s.backoff_max_s)
         self.seats = {seat.name: Seat(seat.name) for seat in config.local_seats}
         self.ctx: zmq.asyncio.Context | None = None
+        # Heartbeat sockets are polled without blocking from the watch loop, so
+        # they are plain sockets on a context of their own.
+        self.beat_ctx = zmq.Context()
         self.stopping = False
 
     # -- state machine plumbing -------------------------------------------
@@ -114,8 +117,7 @@ class Supervisor:
     # -- the watch loop ---------------------------------------------------
 
     def connect(self, seat: Seat) -> None:
-        assert self.ctx is not None
-        sock = self.ctx.socket(zmq.DEALER)
+        sock = self.beat_ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.connect(worker_endpoint(self.config, seat.name))
@@ -139,7 +141,7 @@ class Supervisor:
                 return
             try:
                 reply = protocol.reply_decoder.decode(payload)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, msgspec.ValidationError):
                 continue
             if isinstance(reply, protocol.Pong) and seat.proc is not None \
                     and reply.pid == seat.proc.pid:
@@ -167,9 +169,12 @@ class Supervisor:
         while True:
             now = time.monotonic()
             for seat in self.seats.values():
-                self.drain_replies(seat)
-                self.check(seat, now)
-                self.ping(seat, now)
+                try:
+                    self.drain_replies(seat)
+                    self.check(seat, now)
+                    self.ping(seat, now)
+                except Exception:  # one seat's trouble must not stop the watch
+                    log.exception("watch_failed", seat=seat.name)
             if self.stopping and all(s.proc is None for s in self.seats.values()):
                 return
             await asyncio.sleep(LOOP_S)
@@ -276,5 +281,8 @@ class Supervisor:
             control.cancel()
             await asyncio.gather(watcher, control, return_exceptions=True)
             self.ctx.term()
+            self.beat_ctx.term()
+            unlink_endpoint(control_endpoint(self.config))
         log.info("seatd_stopped")
         return 0
+

@@ -30,7 +30,15 @@ from shared import lifecycle
 from seatd.counters import SeatCounters
 from seatd.decode import DecodeCancelled, DecodeResult, decode
 from shared import exitcodes, protocol
-from shared.config import Config, ConfigError, SeatConfig, load_config, state_dir, worker_endpoint
+from shared.config import (
+    Config,
+    ConfigError,
+    SeatConfig,
+    load_config,
+    state_dir,
+    unlink_endpoint,
+    worker_endpoint,
+)
 from shared.logs import setup_logging
 from shared.protocol import (
     Cancel,
@@ -332,6 +340,7 @@ class SeatWorker:
             self.counters.persist()
             self.sock.close(linger=0)
             ctx.term()
+            unlink_endpoint(worker_endpoint(self.config, self.seat.name))
             self.mlx.shutdown(wait=False, cancel_futures=True)
         return code
 

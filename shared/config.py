@@ -195,6 +195,15 @@ def control_endpoint(config: Config) -> str:
     return f"ipc://{state_dir(config) / 'seatd.sock'}"
 
 
+def unlink_endpoint(endpoint: str) -> None:
+    """ZeroMQ leaves ipc socket files behind; the binder removes its own on exit."""
+    if endpoint.startswith("ipc://"):
+        try:
+            os.unlink(endpoint[len("ipc://") :])
+        except FileNotFoundError:
+            pass
+
+
 def resolve_path(config: Config, spec: str) -> str:
     """A model spec relative to the config file's folder; builtin: specs unchanged."""
     if spec.startswith("builtin:"):

@@ -1,0 +1,171 @@
+"""Real Sanctum processes for integration tests, started and proven stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+DEMO_CONFIG = """
+[proxy]
+listen = "127.0.0.1:{port}"
+tokenizer_margin = 64
+heartbeat_s = 0.5
+
+[seatd]
+heartbeat_s = 0.5
+drain_s = {drain_s}
+backoff_initial_s = 0.2
+
+{seats}
+{routes}
+"""
+
+DEMO_SEAT = """
+[[seat]]
+name = "{name}"
+model = "{model}"
+kv = "{kv}"
+max_prompt_tokens = {cap}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
+         raw: bytes | None = None, timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+class Sanctum:
+    """`sanctum up` (or one daemon) in a private state directory."""
+
+    def __init__(self, config_text: str | None = None, port: int | None = None,
+                 command: str = "up") -> None:
+        self.port = port or free_port()
+        # ipc paths are limited to ~100 bytes: keep the state directory short.
+        self.dir = Path(tempfile.mkdtemp(prefix="sct-", dir="/tmp"))
+        self.state = self.dir / "s"
+        self.config = self.dir / "sanctum.toml"
+        self.config.write_text(config_text or demo_config(self.port))
+        self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.state))
+        self.log = open(self.dir / "log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sanctum.cli", command, "--config", str(self.config)],
+            env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.tree: set[int] = {self.proc.pid}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def logs(self) -> str:
+        self.log.flush()
+        return (self.dir / "log").read_text(errors="replace")
+
+    def remember_tree(self) -> set[int]:
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            kids = []
+        self.tree |= {k.pid for k in kids}
+        return self.tree
+
+    def health(self) -> dict[str, Any]:
+        status, _, body = http("GET", self.url + "/health", timeout=5)
+        return json.loads(body)
+
+    def wait_ready(self, seats: tuple[str, ...] = ("demo",), timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"sanctum exited {self.proc.returncode}:\n{self.logs()}")
+            try:
+                h = self.health()
+                if all(h["seats"].get(s, {}).get("ready") for s in seats):
+                    self.remember_tree()
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"not ready in {timeout}s:\n{self.logs()[-4000:]}")
+
+    def worker_pid(self, seat: str = "demo") -> int:
+        return int(self.health()["seats"][seat]["pid"])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Signal the top process, wait for it, and prove its whole tree is gone."""
+        self.remember_tree()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            self.log.close()
+        assert_gone(self.tree, timeout=10)
+        leftovers = list(self.state.glob("*.sock")) if self.state.exists() else []
+        assert not leftovers, f"socket files left behind: {leftovers}"
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return code
+
+    def kill_everything(self) -> None:
+        """Last-resort cleanup after a failed test."""
+        for pid in self.remember_tree():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def assert_gone(pids: set[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    alive: list[int] = []
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"processes still running: {alive}")
+
+
+def demo_config(port: int, *, seats: tuple[tuple[str, str, str, int], ...] | None = None,
+                routes: str | None = None, drain_s: float = 20.0) -> str:
+    model = os.environ.get("SANCTUM_TEST_MODEL", "builtin:demo")
+    seats = seats or (("demo", model, "fp16", 1536),)
+    seat_text = "".join(DEMO_SEAT.format(name=n, model=m, kv=kv, cap=cap)
+                        for n, m, kv, cap in seats)
+    routes = routes or "".join(
+        f'\n[[route]]\nmodel = "{n}"\nladder = ["{n}"]\n' for n, *_ in seats)
+    return DEMO_CONFIG.format(port=port, seats=seat_text, routes=routes, drain_s=drain_s)
