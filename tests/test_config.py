@@ -78,3 +78,12 @@ def test_port_override() -> None:
     """--port replaces only the port of proxy.listen."""
     c = with_port(parse_config(GOOD), 9123)
     assert c.proxy.listen == "127.0.0.1:9123"
+
+
+def test_example_config_loads() -> None:
+    """deploy/example.toml, which documents every option, is itself valid."""
+    from pathlib import Path
+
+    example = Path(__file__).parent.parent / "deploy" / "example.toml"
+    c = load_config(example)
+    assert c.seat[0].drafter is not None and c.seat[0].kv == "q8"
