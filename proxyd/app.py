@@ -19,7 +19,8 @@ import structlog
 import zmq.asyncio
 from aiohttp import web
 
-from proxyd import responses
+from proxyd import breaker, responses
+from proxyd.breaker import Breaker, BreakerPolicy
 from proxyd.counters import ProxyCounters, render_metrics
 from proxyd.ladder import (
     Phase,
@@ -33,6 +34,7 @@ from proxyd.ladder import (
 )
 from proxyd.openai_api import parse_chat, parse_completion
 from proxyd.responses import Answer, Kind
+from proxyd.hosted import HostedClient
 from proxyd.seat_client import SeatClient
 from shared.config import Config, RouteConfig, worker_endpoint
 from shared.errors import (
@@ -58,7 +60,10 @@ class Proxy:
         self.seats = {s.name: s for s in config.seat}
         self.routes = {r.model: r for r in config.route}
         self.counters = ProxyCounters()
-        self.clients: dict[str, SeatClient] = {}
+        self.clients: dict[str, SeatClient | HostedClient] = {}
+        self.breakers: dict[str, Breaker] = {s.name: Breaker() for s in config.seat}
+        self.breaker_policy = BreakerPolicy(config.proxy.breaker_threshold,
+                                            config.proxy.breaker_cooldown_s)
         self.ctx: zmq.asyncio.Context | None = None
         keys_env = config.proxy.api_keys_env
         raw = os.environ.get(keys_env, "") if keys_env else ""
@@ -72,6 +77,22 @@ class Proxy:
                                 p.heartbeat_s, p.liveness)
             client.start()
             self.clients[seat.name] = client
+        for seat in config_hosted(self.config):
+            self.clients[seat.name] = HostedClient(seat)
+
+    def admit(self, name: str) -> bool:
+        self.breakers[name], ok = breaker.admit(self.breakers[name], time.monotonic(),
+                                                self.breaker_policy)
+        return ok
+
+    def settle(self, name: str, outcome: Outcome) -> None:
+        """Feed an attempt's end to its rung's breaker: only real failures count."""
+        if isinstance(outcome, Failed) and outcome.reason == "client_disconnected":
+            self.breakers[name] = breaker.release(self.breakers[name])
+            return
+        real = isinstance(outcome, Failed)
+        self.breakers[name] = breaker.record(self.breakers[name], real, time.monotonic(),
+                                             self.breaker_policy)
 
     async def stop(self) -> None:
         await asyncio.gather(*(c.close() for c in self.clients.values()))
@@ -79,9 +100,14 @@ class Proxy:
             self.ctx.term()
 
     async def seat_counters(self) -> dict[str, dict[str, Any] | None]:
-        names = list(self.clients)
-        got = await asyncio.gather(*(self.clients[n].counters() for n in names))
+        local = {n: c for n, c in self.clients.items() if isinstance(c, SeatClient)}
+        names = list(local)
+        got = await asyncio.gather(*(local[n].counters() for n in names))
         return dict(zip(names, got, strict=True))
+
+
+def config_hosted(config: Config) -> list[Any]:
+    return [s for s in config.seat if s.kind == "openai"]
 
 
 PROXY = web.AppKey("proxy", Proxy)
@@ -156,13 +182,14 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
     def record(seat: str, outcome: Outcome | Skipped) -> None:
         attempts.append((seat, outcome))
         counters.inc("attempts", seat, outcome_label(outcome).split(":")[0])
+        if not isinstance(outcome, Skipped):
+            proxy.settle(seat, outcome)
 
     for name in ladder.rungs:
         seat_cfg = proxy.seats[name]
-        client = proxy.clients.get(name)
-        if client is None:
-            # Hosted rungs are not served by this proxy build yet.
-            record(name, Skipped("unsupported_rung"))
+        client = proxy.clients[name]
+        if not proxy.admit(name):
+            record(name, Skipped("circuit_open"))
             continue
         answer = Answer(rid, kind, name, created)
         response: web.StreamResponse | None = None
@@ -303,6 +330,8 @@ async def health(request: web.Request) -> web.Response:
     proxy = request.app[PROXY]
     seats = {}
     for name, c in proxy.clients.items():
+        if not isinstance(c, SeatClient):
+            continue
         pong = c.pong
         seats[name] = {"ready": c.ready, "alive": c.alive,
                        "incarnation": pong.incarnation if pong else None,
@@ -313,8 +342,12 @@ async def health(request: web.Request) -> web.Response:
 
 async def counters(request: web.Request) -> web.Response:
     proxy = request.app[PROXY]
-    return web.json_response({"proxy": proxy.counters.snapshot(),
-                              "seats": await proxy.seat_counters()})
+    snapshot = proxy.counters.snapshot()
+    snapshot["circuits"] = {n: b.circuit.value for n, b in proxy.breakers.items()}
+    hosted = {n: {"served": c.served} for n, c in proxy.clients.items()
+              if isinstance(c, HostedClient)}
+    return web.json_response({"proxy": snapshot, "seats": await proxy.seat_counters(),
+                              "hosted": hosted})
 
 
 async def metrics(request: web.Request) -> web.Response:

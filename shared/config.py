@@ -35,6 +35,10 @@ class ProxyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # `liveness` intervals is lost.
     heartbeat_s: Positive = 1.0
     liveness: PositiveInt = 3
+    # A rung's circuit opens after this many real failures in a row and admits
+    # one probe after the cool-down.
+    breaker_threshold: PositiveInt = 3
+    breaker_cooldown_s: Positive = 10.0
 
 
 class SeatdConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

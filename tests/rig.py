@@ -1,0 +1,142 @@
+"""proxyd as a real process in front of fake seats and a fake upstream."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.fake_upstream import FakeUpstream
+from tests.procs import assert_gone, free_port, http
+
+RIG_CONFIG = """
+[proxy]
+listen = "127.0.0.1:{port}"
+heartbeat_s = 0.2
+liveness = 3
+breaker_threshold = 3
+breaker_cooldown_s = {cooldown}
+
+[[seat]]
+name = "brain"
+model = "unused"
+first_token_timeout_s = 1.5
+stall_timeout_s = 1.0
+
+[[seat]]
+name = "coder"
+model = "unused"
+first_token_timeout_s = 1.5
+stall_timeout_s = 1.0
+
+[[seat]]
+name = "hosted"
+kind = "openai"
+base_url = "{upstream}"
+upstream_model = "big-model"
+offbox = true
+first_token_timeout_s = 3
+stall_timeout_s = 2
+
+[[route]]
+model = "private"
+ladder = ["brain", "coder", "hosted"]
+
+[[route]]
+model = "open"
+ladder = ["brain", "coder", "hosted"]
+offbox = "allow"
+
+[[route]]
+model = "optin"
+ladder = ["brain", "coder", "hosted"]
+offbox = "header"
+"""
+
+
+class Rig:
+    def __init__(self, modes: dict[str, str], tokens: int = 8, cooldown: float = 30.0,
+                 upstream_script: list[str] | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="rig-", dir="/tmp"))
+        self.state = self.dir / "s"
+        self.state.mkdir()
+        self.port = free_port()
+        self.upstream = FakeUpstream(upstream_script)
+        (self.dir / "c.toml").write_text(RIG_CONFIG.format(
+            port=self.port, upstream=self.upstream.url, cooldown=cooldown))
+        self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.state))
+        self.tokens = tokens
+        self.fakes: dict[str, subprocess.Popen[bytes]] = {}
+        self.pids: set[int] = set()
+        for name, mode in modes.items():
+            self.start_fake(name, mode)
+        self.proxy = subprocess.Popen(
+            [sys.executable, "-m", "sanctum.cli", "proxyd", "--config", str(self.dir / "c.toml")],
+            env=self.env, stdout=open(self.dir / "proxy.log", "wb"), stderr=subprocess.STDOUT)
+        self.pids.add(self.proxy.pid)
+        self.wait_health(lambda h: all(h["seats"][n]["alive"] for n in modes))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start_fake(self, name: str, mode: str) -> None:
+        old = self.fakes.get(name)
+        if old is not None and old.poll() is None:
+            old.kill()
+            old.wait()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fakes.fake_seat", "--endpoint",
+             f"ipc://{self.state / f'seat-{name}.sock'}", "--name", name, "--mode", mode,
+             "--tokens", str(self.tokens), "--log", str(self.dir / f"{name}.jsonl")],
+            env=self.env)
+        self.fakes[name] = proc
+        self.pids.add(proc.pid)
+
+    def events(self, name: str, kind: str | None = None) -> list[dict[str, Any]]:
+        path = self.dir / f"{name}.jsonl"
+        if not path.exists():
+            return []
+        out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [e for e in out if kind is None or e["event"] == kind]
+
+    def health(self) -> dict[str, Any]:
+        return json.loads(http("GET", self.url + "/health", timeout=5)[2])
+
+    def wait_health(self, ok: Any, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if ok(self.health()):
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+            if self.proxy.poll() is not None:
+                raise AssertionError((self.dir / "proxy.log").read_text())
+            time.sleep(0.05)
+        raise AssertionError(f"health never matched: {self.health()}")
+
+    def counters(self) -> dict[str, Any]:
+        return json.loads(http("GET", self.url + "/counters")[2])
+
+    def stop(self) -> None:
+        procs = [self.proxy, *self.fakes.values()]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.upstream.stop()
+        assert_gone(self.pids, timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
