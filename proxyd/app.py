@@ -210,7 +210,8 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                         # Committing to this seat: it is the answering one.
                         answer.attempts = attempts_header([*attempts, (name, Ok())])
                         response = await _commit(request, answer, started)
-                    if not await _write(response, responses.text_chunk(answer, frame.text)):
+                    if _gone(request) or not await _write(
+                            response, responses.text_chunk(answer, frame.text)):
                         counters.inc("client_disconnects")
                         record(name, Failed("client_disconnected"))
                         return response
@@ -333,7 +334,7 @@ async def health(request: web.Request) -> web.Response:
         if not isinstance(c, SeatClient):
             continue
         pong = c.pong
-        seats[name] = {"ready": c.ready, "alive": c.alive,
+        seats[name] = {"ready": c.ready, "alive": c.alive, "busy": bool(pong and pong.busy),
                        "incarnation": pong.incarnation if pong else None,
                        "pid": pong.pid if pong else None}
     ready = any(s["ready"] for s in seats.values())

@@ -1,0 +1,152 @@
+"""The ladder with real demo-model seats under seatd: kills, fallbacks, reconciliation."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.procs import Sanctum, assert_gone, demo_config, free_port, http
+
+pytestmark = pytest.mark.slow
+
+ROUTES = '\n[[route]]\nmodel = "private"\nladder = ["brain", "coder"]\n'
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[Sanctum]:
+    port = free_port()
+    model = os.environ.get("SANCTUM_TEST_MODEL", "builtin:demo")
+    text = demo_config(port, seats=(("brain", model, "fp16", 1536),
+                                    ("coder", model, "q8", 1536)), routes=ROUTES)
+    s = Sanctum(text, port=port)
+    try:
+        s.wait_ready(("brain", "coder"))
+        yield s
+    except BaseException:
+        s.kill_everything()
+        raise
+    assert s.stop() == 0
+
+
+def client(s: Sanctum) -> openai.OpenAI:
+    return openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def counters(s: Sanctum) -> dict:
+    return json.loads(http("GET", s.url + "/counters")[2])
+
+
+def kill_brain(s: Sanctum) -> int:
+    pid = s.worker_pid("brain")
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def wait_brain_back(s: Sanctum, old_pid: int) -> None:
+    assert_gone({old_pid}, timeout=10)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        h = s.health()["seats"]["brain"]
+        if h["ready"] and h["pid"] != old_pid:
+            s.remember_tree()
+            return
+        time.sleep(0.1)
+    raise AssertionError("brain did not come back")
+
+
+def test_kill_before_request_falls_back_and_names_coder(pair: Sanctum) -> None:
+    """brain SIGKILLed just before a request: coder answers, the client sees `coder`."""
+    old = kill_brain(pair)
+    r = client(pair).chat.completions.with_raw_response.create(
+        model="private", messages=[{"role": "user", "content": "def add(a, b):"}],
+        max_tokens=8, temperature=0)
+    assert r.parse().model == "coder"
+    assert r.headers["x-sanctum-attempts"].startswith("brain=failed:")
+    assert r.headers["x-sanctum-attempts"].endswith("coder=ok")
+    wait_brain_back(pair, old)
+
+
+def _kill_when_busy(s: Sanctum, out: list[int]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        h = s.health()["seats"]["brain"]
+        if h["busy"]:
+            out.append(kill_brain(s))
+            return
+        time.sleep(0.01)
+
+
+def test_kill_mid_generation(pair: Sanctum) -> None:
+    """Killed mid-stream: a terminal error; killed mid-sync: coder answers instead."""
+    before = counters(pair)["proxy"]["midstream_aborts"]
+    killed: list[int] = []
+    stream = client(pair).completions.create(model="private", prompt="import os\n", stream=True,
+                                             max_tokens=400, temperature=1.0, seed=1)
+    got = []
+    with pytest.raises(openai.APIError, match="failed after the answer began"):
+        for chunk in stream:
+            got.append(chunk)
+            if len(got) == 2:
+                killed.append(kill_brain(pair))
+    assert {c.model for c in got} == {"brain"}
+    assert counters(pair)["proxy"]["midstream_aborts"] == before + 1
+    wait_brain_back(pair, killed.pop())
+
+    t = threading.Thread(target=_kill_when_busy, args=(pair, killed))
+    t.start()
+    r = client(pair).completions.with_raw_response.create(
+        model="private", prompt="import os\n", max_tokens=400, temperature=1.0, seed=1)
+    t.join()
+    assert killed, "brain never became busy"
+    assert r.parse().model == "coder"
+    assert r.headers["x-sanctum-attempts"] == "brain=failed:worker_lost; coder=ok"
+    wait_brain_back(pair, killed.pop())
+
+
+def test_client_disconnect_stops_real_generation(pair: Sanctum) -> None:
+    """A client that leaves mid-stream: the answering seat counts the request cancelled."""
+    before = {n: c["cancelled"] for n, c in counters(pair)["seats"].items()}
+    stream = client(pair).completions.create(model="private", prompt="class A:\n", stream=True,
+                                             max_tokens=1500, temperature=1.0, seed=3)
+    for i, chunk in enumerate(stream):
+        seat = chunk.model  # brain, or coder while brain's circuit is still open
+        if i == 3:
+            break
+    stream.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if counters(pair)["seats"][seat]["cancelled"] == before[seat] + 1:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the seat never counted the cancellation")
+    assert not pair.health()["seats"][seat]["busy"]
+
+
+def test_answered_by_reconciles_with_real_seats(pair: Sanctum) -> None:
+    """After a run with a kill and fallbacks, answered_by deltas equal served deltas."""
+    c0 = counters(pair)
+    for i in range(6):
+        if i == 2:
+            old = kill_brain(pair)
+        if i == 4:
+            wait_brain_back(pair, old)
+        r = client(pair).chat.completions.create(
+            model="private", messages=[{"role": "user", "content": f"x = {i}"}],
+            max_tokens=4, stream=bool(i % 2))
+        if i % 2:
+            list(r)
+    c1 = counters(pair)
+    for seat in ("brain", "coder"):
+        answered = c1["proxy"]["answered_by"].get(seat, 0) - \
+            c0["proxy"]["answered_by"].get(seat, 0)
+        served = c1["seats"][seat]["served"] - c0["seats"][seat]["served"]
+        assert answered == served, (seat, answered, served)
+    assert c1["proxy"]["answered_by"]["coder"] > c0["proxy"]["answered_by"].get("coder", 0)
