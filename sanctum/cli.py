@@ -234,6 +234,9 @@ def parser() -> argparse.ArgumentParser:
         "--json", action="store_true")
     add("restart", cmd_restart, "restart one seat").add_argument("seat")
     add("models", cmd_models, "models packaged with Sanctum")
+    from sanctum.bench.cli import add_bench
+
+    add_bench(sub)
     return p
 
 

@@ -30,6 +30,10 @@ FIGURES: dict[str, tuple[str, bool]] = {
     "latency_s": ("s", False),
     "per_token_s": ("s", False),
     "rps": ("req/s", True),
+    "latency_p50_s": ("s", False),
+    "latency_p99_s": ("s", False),
+    "per_token_p50_s": ("s", False),
+    "per_token_p99_s": ("s", False),
 }
 
 
@@ -158,3 +162,14 @@ def geometric_mean(xs: Sequence[float]) -> float:
     if not xs or any(x <= 0 for x in xs):
         raise ValueError("geometric mean needs positive values")
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def pair_differences(samples: Sequence[Sample], figure: str, arm: str, baseline: str,
+                     workload: str | None = None) -> list[float]:
+    """`arm - baseline` for `figure`, one per group where both measured it."""
+    check_interleaved(samples)
+    groups: dict[tuple[int, str], dict[str, float]] = defaultdict(dict)
+    for s in measured(samples):
+        if (workload is None or s.workload == workload) and figure in s.figures:
+            groups[(s.round, s.workload)][s.arm] = s.figures[figure]
+    return [v[arm] - v[baseline] for v in groups.values() if arm in v and baseline in v]

@@ -1,0 +1,263 @@
+"""The things a benchmark compares.  Each arm measures one workload per call.
+
+Figures every generating arm reports (seconds from the request leaving the client):
+
+    ttft_s          first text
+    e2e_s           last byte of the answer
+    decode_tps      (completion tokens - 1) / (last text - first text)
+    completion_tokens, prompt_tokens
+"""
+
+from __future__ import annotations
+
+import http.client
+import itertools
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sanctum.bench.stats import quantile
+from sanctum.bench.workloads import Workload
+
+
+def decode_figures(t0: float, times: list[float], end: float, tokens: int,
+                   prompt_tokens: int) -> dict[str, float]:
+    """Figures from the arrival times of text pieces.  Pure."""
+    if not times:
+        raise RuntimeError("the answer had no text")
+    first, last = times[0], times[-1]
+    figures = {"ttft_s": first - t0, "e2e_s": end - t0, "completion_tokens": float(tokens),
+               "prompt_tokens": float(prompt_tokens)}
+    if tokens > 1 and last > first:
+        figures["decode_tps"] = (tokens - 1) / (last - first)
+    return figures
+
+
+class OpenAIArm:
+    """An OpenAI-compatible server through the official openai client, streaming."""
+
+    def __init__(self, base_url: str, model: str, temperature: float, max_tokens: int,
+                 workloads: dict[str, Workload], seed: int = 1) -> None:
+        import openai
+
+        self.client = openai.OpenAI(base_url=base_url + "/v1", api_key="bench", max_retries=0,
+                                    timeout=600)
+        self.model = model
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.workloads = workloads
+        self.seed = seed
+        self.last_headers: dict[str, str] = {}
+
+    def __call__(self, name: str) -> dict[str, float]:
+        w = self.workloads[name]
+        temp = self.temperature if w.temperature is None else w.temperature
+        if w.history:
+            # The earlier turns, untimed: what a prompt cache could keep.
+            self.client.chat.completions.create(
+                model=self.model, max_tokens=1, temperature=0.0,
+                messages=[{"role": r, "content": c} for r, c in w.history])
+        common: dict[str, Any] = dict(model=self.model, max_tokens=self.max_tokens,
+                                      temperature=temp, seed=self.seed, stream=True,
+                                      stream_options={"include_usage": True})
+        t0 = time.perf_counter()
+        if w.kind == "chat":
+            raw = self.client.chat.completions.with_raw_response.create(
+                messages=w.chat_messages(), **common)
+        else:
+            raw = self.client.completions.with_raw_response.create(prompt=w.prompt, **common)
+        self.last_headers = {k.lower(): v for k, v in raw.headers.items()}
+        times: list[float] = []
+        usage = None
+        for chunk in raw.parse():
+            now = time.perf_counter()
+            if chunk.choices:
+                c = chunk.choices[0]
+                text = c.delta.content if w.kind == "chat" else c.text  # type: ignore[union-attr]
+                if text:
+                    times.append(now)
+            if chunk.usage is not None:
+                usage = chunk.usage
+        end = time.perf_counter()
+        tokens = usage.completion_tokens if usage else len(times)
+        prompt = usage.prompt_tokens if usage else 0
+        figures = decode_figures(t0, times, end, tokens, prompt)
+        spec = self.last_headers.get("x-sanctum-speculation")
+        if spec is not None:
+            figures["accelerated"] = 1.0 if spec == "accelerated" else 0.0
+        return figures
+
+
+class InProcessArm:
+    """The same model driven in this process by mlx-lm's `generate_step`.
+
+    Loaded through the seat's own `load_for_compute`, so both arms compute with
+    the same weights in the same dtype; tokenized and detokenized as the seat does.
+    """
+
+    def __init__(self, model_dir: Path, temperature: float, max_tokens: int,
+                 workloads: dict[str, Workload]) -> None:
+        from seatd.model_load import load_for_compute
+
+        self.loaded = load_for_compute(model_dir)
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.workloads = workloads
+
+    def tokens(self, w: Workload) -> list[int]:
+        tok = self.loaded.tokenizer
+        if w.kind == "chat":
+            ids = tok.apply_chat_template(w.chat_messages(), add_generation_prompt=True,
+                                          tokenize=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return list(tok.encode(w.prompt))
+
+    def __call__(self, name: str) -> dict[str, float]:
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step
+        from mlx_lm.sample_utils import make_sampler
+
+        w = self.workloads[name]
+        tok = self.loaded.tokenizer
+        t0 = time.perf_counter()
+        prompt = self.tokens(w)
+        detok = tok.detokenizer
+        detok.reset()
+        eos = set(tok.eos_token_ids)
+        times: list[float] = []
+        n = 0
+        sampler = make_sampler(self.temperature if w.temperature is None else w.temperature)
+        for token, _ in generate_step(mx.array(prompt), self.loaded.model,
+                                      max_tokens=self.max_tokens, sampler=sampler):
+            if int(token) in eos:
+                break
+            n += 1
+            detok.add_token(int(token))
+            if detok.last_segment:
+                times.append(time.perf_counter())
+        detok.finalize()
+        end = time.perf_counter()
+        return decode_figures(t0, times, end, n, len(prompt))
+
+
+# -- proxy overhead: a null seat, called through the proxy or directly -------------
+
+
+class DirectSeat:
+    """Talks to a seat over ZeroMQ as the proxy does (a DEALER), without the proxy."""
+
+    def __init__(self, endpoint: str) -> None:
+        import zmq
+
+        from shared import protocol
+
+        self.protocol = protocol
+        self.ctx = zmq.Context.instance()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+
+    def request(self, max_tokens: int, prompt: str = "hello") -> list[float]:
+        """One streamed request; the arrival time of each chunk, then of the Final."""
+        p = self.protocol
+        gen = p.Generate(uuid.uuid4().hex, True, p.SamplingParams(max_tokens=max_tokens),
+                         prompt=prompt)
+        self.sock.send(p.encode(gen))
+        times = []
+        while True:
+            if not self.sock.poll(10_000):
+                raise TimeoutError("seat did not answer in 10 s")
+            frame = p.reply_decoder.decode(self.sock.recv())
+            times.append(time.perf_counter())
+            if isinstance(frame, p.Final):
+                return times
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+
+
+class ProxyHTTP:
+    """A lean keep-alive HTTP client streaming from the proxy (SSE), timing each event.
+
+    Deliberately not the openai SDK: its own per-chunk cost would be charged to the proxy.
+    """
+
+    def __init__(self, base_url: str, model: str) -> None:
+        host, port = base_url.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        self.model = model
+
+    def request(self, max_tokens: int, prompt: str = "hello") -> list[float]:
+        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
+                           "stream": True})
+        self.conn.request("POST", "/v1/completions", body,
+                          {"Content-Type": "application/json"})
+        r = self.conn.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
+        times = []
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            if line.startswith(b"data: "):
+                times.append(time.perf_counter())
+                if line.startswith(b"data: [DONE]"):
+                    break
+        r.read()
+        return times
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+Client = DirectSeat | ProxyHTTP
+
+
+def overhead_figures(client: Client, kind: str, requests: int, tokens: int) -> dict[str, float]:
+    """`latency`: whole one-token requests.  `stream`: the gap per streamed token."""
+    if kind == "latency":
+        lat = []
+        for _ in range(requests):
+            t0 = time.perf_counter()
+            client.request(1)
+            lat.append(time.perf_counter() - t0)
+        return {"latency_p50_s": quantile(lat, 0.5), "latency_p99_s": quantile(lat, 0.99)}
+    gaps = []
+    for _ in range(requests):
+        times = client.request(tokens)
+        # Per-token gaps between consecutive pieces (the last frame ends the stream).
+        gaps.extend(b - a for a, b in itertools.pairwise(times[:-1]))
+    return {"per_token_p50_s": quantile(gaps, 0.5), "per_token_p99_s": quantile(gaps, 0.99)}
+
+
+def throughput(make_client: Callable[[], Client], clients: int, seconds: float,
+               tokens: int) -> dict[str, float]:
+    """Requests per second from `clients` threads, each with its own connection."""
+    done = [0] * clients
+    errors = [0] * clients
+    stop_at = time.perf_counter() + seconds
+    conns = [make_client() for _ in range(clients)]
+
+    def work(i: int) -> None:
+        while time.perf_counter() < stop_at:
+            try:
+                conns[i].request(tokens)
+                done[i] += 1
+            except Exception:
+                errors[i] += 1
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    for c in conns:
+        c.close()
+    return {"rps": sum(done) / elapsed, "errors": float(sum(errors))}

@@ -1,0 +1,118 @@
+"""`sanctum bench`: run comparisons, store their results, render the report.
+
+    sanctum bench run [stack|mlx-server|proxy|spec|cache|all] [--rounds N] [--tokens N] ...
+    sanctum bench report        docs/BENCHMARKS.md and plots from the stored results
+    sanctum bench load          N concurrent clients against `sanctum up`
+
+In-process MLX work must run on the same BLAS as the seat workers (seatd preloads
+OpenBLAS into them on Linux), or the comparison measures the BLAS.  `run`
+re-executes itself with the same preload when this process lacks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "docs" / "bench" / "results"
+REEXEC_FLAG = "SANCTUM_BENCH_REEXEC"
+
+
+def ensure_worker_blas() -> None:
+    """Re-exec with the workers' BLAS preloaded, or say why the numbers may be off."""
+    from seatd.blas import find_openblas, loaded_blas, worker_env
+
+    wanted = find_openblas()
+    if wanted is None or loaded_blas() == "openblas":
+        return
+    if os.environ.get(REEXEC_FLAG):
+        print("sanctum bench: warning: OpenBLAS preload did not take; in-process arms run "
+              "on a different BLAS than the seats", file=sys.stderr)
+        return
+    env = dict(worker_env(dict(os.environ)), **{REEXEC_FLAG: "1"})
+    os.execve(sys.executable, [sys.executable, "-m", "sanctum.cli", *sys.argv[1:]], env)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sanctum.bench.comparisons import COMPARISONS, Options
+    from sanctum.bench.results import save_run
+
+    ensure_worker_blas()
+    opts = Options(model=args.model, drafter=args.drafter, rounds=args.rounds,
+                   warmup=args.warmup, tokens=args.tokens, seed=args.seed,
+                   temperature=args.temperature, requests=args.requests,
+                   clients=args.clients, seconds=args.seconds)
+    names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
+    out = Path(args.out)
+    for name in names:
+        print(f"sanctum bench: {name}", file=sys.stderr, flush=True)
+        run = COMPARISONS[name](opts)
+        save_run(run, out / f"{name}.json")
+        if run.not_measurable:
+            print(f"  not measurable: {run.not_measurable}", file=sys.stderr)
+    if args.report:
+        return cmd_report(args)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sanctum.bench.report import write_report
+
+    path = write_report(Path(args.out), Path(args.doc))
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_load(args: argparse.Namespace) -> int:
+    from sanctum.bench.load import load_test
+
+    return load_test(args)
+
+
+def add_bench(sub: Any) -> None:
+    """Register `sanctum bench` on the main parser's subcommands."""
+    from sanctum.bench.comparisons import COMPARISONS, Options
+
+    d = Options()
+    bench = sub.add_parser("bench", help="interleaved A/B benchmarks")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--out", default=str(RESULTS), help="results folder (JSON per comparison)")
+        p.add_argument("--doc", default=str(REPO / "docs" / "BENCHMARKS.md"))
+
+    run = bsub.add_parser("run", help="run comparisons and store their results")
+    run.add_argument("comparison", choices=[*COMPARISONS, "all"])
+    run.add_argument("--model", default=d.model, help="model directory or builtin:NAME")
+    run.add_argument("--drafter", default=d.drafter)
+    run.add_argument("--rounds", type=int, default=d.rounds, help="rounds, warm-up included")
+    run.add_argument("--warmup", type=int, default=d.warmup, help="warm-up rounds, not reported")
+    run.add_argument("--tokens", type=int, default=d.tokens, help="new tokens per request")
+    run.add_argument("--seed", type=int, default=d.seed, help="decides which arm starts")
+    run.add_argument("--temperature", type=float, default=d.temperature)
+    run.add_argument("--requests", type=int, default=d.requests,
+                     help="proxy overhead: requests per slot")
+    run.add_argument("--clients", type=int, default=d.clients,
+                     help="proxy overhead: concurrent clients for requests/s")
+    run.add_argument("--seconds", type=float, default=d.seconds,
+                     help="proxy overhead: seconds per requests/s slot")
+    run.add_argument("--report", action="store_true", help="render the report afterwards")
+    common(run)
+    run.set_defaults(fn=cmd_run)
+
+    rep = bsub.add_parser("report", help="render docs/BENCHMARKS.md and plots from results")
+    common(rep)
+    rep.set_defaults(fn=cmd_report)
+
+    load = bsub.add_parser("load", help="N concurrent clients against `sanctum up`")
+    load.add_argument("--model", default=d.model)
+    load.add_argument("--clients", type=int, default=16)
+    load.add_argument("--seconds", type=float, default=20.0)
+    load.add_argument("--tokens", type=int, default=16)
+    load.add_argument("--url", default=None, help="an already running proxy (else one is started)")
+    common(load)
+    load.set_defaults(fn=cmd_load)

@@ -1,0 +1,344 @@
+"""The five comparisons.  Each starts what it needs, runs one interleaved schedule,
+stops everything, and returns a `Run` (stored as JSON, rendered by report.py).
+
+    stack      our stack end to end  vs  the same model in-process (mlx-lm generate_step)
+    mlx-server our stack  vs  mlx_lm.server, same model (and drafter), temperature 0 and 0.7
+    proxy      proxy in front of a null seat  vs  the null seat over ZeroMQ directly
+    spec       speculative  vs  plain decoding on our own seat
+    cache      prompt cache on  vs  off, for turn N of a conversation
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import platform
+import sys
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from sanctum.bench import arms as A
+from sanctum.bench import servers
+from sanctum.bench.results import ArmInfo, Run, Sample
+from sanctum.bench.runner import Measure, new_run_id, run_schedule
+from sanctum.bench.schedule import make_schedule
+from sanctum.bench.workloads import Workload, build_workloads, heldout_files
+
+
+@dataclass
+class Options:
+    model: str = "builtin:demo"
+    drafter: str = "builtin:demo-drafter"
+    rounds: int = 6
+    warmup: int = 1
+    tokens: int = 64
+    seed: int = 0
+    temperature: float = 0.0
+    # proxy overhead
+    requests: int = 200
+    clients: int = 8
+    seconds: float = 3.0
+    verbose: bool = True
+
+
+def model_path(spec: str) -> Path:
+    from shared.builtin import resolve_model
+
+    path = resolve_model(spec)
+    if not (path / "config.json").exists():
+        raise SystemExit(f"sanctum bench: no model at {spec!r} (give --model DIR)")
+    return path
+
+
+def machine(model: str) -> dict[str, str]:
+    import importlib.metadata as md
+
+    from seatd.blas import loaded_blas
+
+    def version(pkg: str) -> str:
+        try:
+            return md.version(pkg)
+        except md.PackageNotFoundError:
+            return "-"
+
+    cores = os.cpu_count() or 0
+    return {
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "cpu": _cpu_name(),
+        "cores": str(cores),
+        "python": platform.python_version(),
+        "mlx": version("mlx"),
+        "mlx-lm": version("mlx-lm"),
+        "openai": version("openai"),
+        "sanctum": version("sanctum"),
+        "blas": loaded_blas(),
+        "model": model,
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "-"
+
+
+def _progress(opts: Options) -> Callable[[Sample], None] | None:
+    if not opts.verbose:
+        return None
+
+    def show(s: Sample) -> None:
+        figs = " ".join(f"{k}={v:.4g}" for k, v in s.figures.items()
+                        if k in ("decode_tps", "ttft_s", "e2e_s", "latency_p50_s",
+                                 "per_token_p50_s", "rps", "accept_len"))
+        tag = "warm-up " if s.warmup else ""
+        print(f"  [{s.seq:>3}] r{s.round} {tag}{s.workload:<18} {s.arm:<16} "
+              f"load {s.load_before:.2f}  {s.error or figs}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _workloads(tokenizer: object, cap: int) -> tuple[str, list[Workload]]:
+    source, files = heldout_files()
+    encode = tokenizer.encode  # type: ignore[attr-defined]
+    return source, build_workloads(files, lambda s: len(encode(s)), cap)
+
+
+def _run(opts: Options, comparison: str, title: str, baseline: str,
+         arms: dict[str, tuple[str, Measure]], workloads: list[Workload], model: str,
+         notes: list[str]) -> Run:
+    run_id = new_run_id()
+    slots = make_schedule(list(arms), [w.name for w in workloads], opts.rounds, opts.warmup,
+                          opts.seed)
+    samples = run_schedule(slots, {n: m for n, (_, m) in arms.items()}, run_id=run_id,
+                           progress=_progress(opts))
+    return Run(run_id, comparison, title, baseline,
+               [ArmInfo(n, d) for n, (d, _) in arms.items()],
+               {w.name: f"{w.description} ({w.prompt_tokens} prompt tokens)" for w in workloads},
+               opts.rounds, opts.warmup, opts.seed, machine(model), samples, notes)
+
+
+def _cap(context_length: int, tokens: int) -> int:
+    return max(256, min(4096, context_length - tokens - 64))
+
+
+# -- 1. the cost of our layers ------------------------------------------------------------
+
+
+def stack(opts: Options) -> Run:
+    path = model_path(opts.model)
+    inproc = A.InProcessArm(path, opts.temperature, opts.tokens, {})
+    cap = _cap(inproc.loaded.context_length, opts.tokens)
+    source, workloads = _workloads(inproc.loaded.tokenizer, cap)
+    by_name = {w.name: w for w in workloads}
+    inproc.workloads = by_name
+    port = servers.free_port()
+    config = servers.sanctum_config(port, [("bench", str(path), cap + 64, "")])
+    with servers.sanctum_up(config, ("bench",), port) as url:
+        ours = A.OpenAIArm(url, "bench", opts.temperature, opts.tokens, by_name)
+        arms = {
+            "sanctum": ("openai client -> proxyd -> seat worker (`sanctum up`)", ours),
+            "in-process": ("mlx-lm generate_step in the benchmark process, same weights "
+                           "(load_for_compute), same BLAS", inproc),
+        }
+        return _run(opts, "stack", "Our stack end to end against the same model in-process",
+                    "in-process", arms, workloads, opts.model,
+                    [f"Workloads from {source}.", f"temperature {opts.temperature:g}, "
+                     f"{opts.tokens} new tokens per request, compute dtype "
+                     f"{inproc.loaded.compute_dtype}."])
+
+
+# -- 2. against mlx_lm.server -------------------------------------------------------------
+
+
+def _float32_copy(path: Path, dest: Path) -> Path:
+    """The weights our seat computes with, saved for mlx_lm.server (same model, same dtype)."""
+    import json
+
+    from mlx_lm.utils import save
+
+    from seatd.model_load import load_for_compute
+
+    got = load_for_compute(path)
+    if not got.was_quantized and _stored_float32(path):
+        return path
+    config = json.loads((path / "config.json").read_text())
+    config.pop("quantization", None)
+    config.pop("quantization_config", None)
+    save(dest, path, got.model, got.tokenizer, config)
+    return dest
+
+
+def _stored_float32(path: Path) -> bool:
+    import mlx.core as mx
+
+    return all(v.dtype == mx.float32 for f in path.glob("*.safetensors")
+               for v in mx.load(str(f)).values() if mx.issubdtype(v.dtype, mx.floating))
+
+
+def mlx_server(opts: Options) -> Run:
+    from mlx_lm.utils import load_tokenizer
+
+    from shared.builtin import resolve_model
+
+    path = model_path(opts.model)
+    tokenizer = load_tokenizer(path)
+    import json
+
+    ctx = int(json.loads((path / "config.json").read_text()).get("max_position_embeddings",
+                                                                 2048))
+    cap = _cap(ctx, opts.tokens)
+    source, base = _workloads(tokenizer, cap)
+    workloads = [dataclasses.replace(w, name=f"{w.name} t={t:g}", temperature=t)
+                 for t in (0.0, 0.7) for w in base]
+    by_name = {w.name: w for w in workloads}
+    notes = [f"Workloads from {source}.", f"{opts.tokens} new tokens per request."]
+    drafter: Path | None = None
+    try:
+        drafter = resolve_model(opts.drafter)
+        if not (drafter / "config.json").exists():
+            drafter = None
+    except ValueError:
+        drafter = None
+    from shared.config import SeatConfig
+
+    ours_spec = "speculation" in SeatConfig.__struct_fields__ and drafter is not None
+    if not ours_spec:
+        notes.append("No drafter model available: plain decoding in both arms.")
+    with ExitStack() as stack_, servers.workdir() as wd:
+        served = _float32_copy(path, wd / "model-f32")
+        if served != path:
+            notes.append("mlx_lm.server serves a float32 copy of the weights our seat "
+                         "computes with (load_for_compute), so both run the same model.")
+        seat_extra = f'drafter = {{ kind = "model", path = "{drafter}" }}\n' if ours_spec else ""
+        port = servers.free_port()
+        config = servers.sanctum_config(port, [("bench", str(path), cap + 64, seat_extra)])
+        url = stack_.enter_context(servers.sanctum_up(config, ("bench",), port))
+        mport = servers.free_port()
+        murl = stack_.enter_context(servers.mlx_lm_server(
+            str(served), mport, draft=str(drafter) if ours_spec else None))
+        ours = A.OpenAIArm(url, "bench", 0.0, opts.tokens, by_name)
+        theirs = A.OpenAIArm(murl, str(served), 0.0, opts.tokens, by_name)
+        arms = {"sanctum": ("openai client -> proxyd -> seat worker", ours),
+                "mlx_lm.server": ("openai client -> mlx_lm.server (mlx-lm's own HTTP server)",
+                                  theirs)}
+        run = _run(opts, "mlx-server", "Our stack against mlx_lm.server, same model",
+                   "mlx_lm.server", arms, workloads, opts.model, notes)
+    spec_seen = any(s.figures.get("accelerated") for s in run.samples if s.arm == "sanctum")
+    if ours_spec and not spec_seen:
+        run.notes.append("Our seat never reported an accelerated answer: plain decoding.")
+    return run
+
+
+# -- 3. proxy overhead, null seat ---------------------------------------------------------
+
+
+def proxy(opts: Options) -> Run:
+    path = model_path(opts.model)  # named in the config only; the null seat loads nothing
+    port = servers.free_port()
+    with servers.null_stack(str(path), port) as (url, endpoint):
+        proxied = A.ProxyHTTP(url, "null")
+        direct = A.DirectSeat(endpoint)
+
+        def arm(client: A.Client, make: Callable[[], A.Client]) -> Measure:
+            def measure(workload: str) -> dict[str, float]:
+                if workload == "throughput":
+                    return A.throughput(make, opts.clients, opts.seconds, opts.tokens)
+                return A.overhead_figures(client, workload, opts.requests, opts.tokens)
+            return measure
+
+        arms = {
+            "proxy": ("HTTP (keep-alive, SSE) -> proxyd -> null seat",
+                      arm(proxied, lambda: A.ProxyHTTP(url, "null"))),
+            "direct": ("ZeroMQ DEALER -> null seat (what the proxy itself does)",
+                       arm(direct, lambda: A.DirectSeat(endpoint))),
+        }
+        workloads = [
+            Workload("latency", f"{opts.requests} one-token requests, one at a time", "completion"),
+            Workload("stream", f"{opts.requests} requests of {opts.tokens} streamed tokens",
+                     "completion"),
+            Workload("throughput", f"{opts.clients} concurrent clients for {opts.seconds:g} s, "
+                     f"{opts.tokens} tokens each", "completion"),
+        ]
+        try:
+            return _run(opts, "proxy", "Proxy overhead with a null seat", "direct", arms,
+                        workloads, "null seat",
+                        ["The null seat answers at once with one-character tokens; every "
+                         "client is Python in the benchmark process, on the same cores."])
+        finally:
+            proxied.close()
+            direct.close()
+
+
+# -- 4. speculation on and off; 5. prompt cache on and off -----------------------------
+
+
+def _not_measurable(comparison: str, title: str, why: str, model: str) -> Run:
+    return Run(new_run_id(), comparison, title, "", [], {}, 0, 0, 0, machine(model), [],
+               not_measurable=why)
+
+
+def spec(opts: Options) -> Run:
+    from mlx_lm.utils import load_tokenizer
+
+    from shared.builtin import resolve_model
+    from shared.config import SeatConfig
+
+    title = "Speculative against plain decoding on our seat"
+    try:
+        drafter = resolve_model(opts.drafter)
+    except ValueError as exc:
+        return _not_measurable("spec", title, f"no drafter model ({exc})", opts.model)
+    if not (drafter / "config.json").exists():
+        return _not_measurable("spec", title, f"no drafter model at {opts.drafter}", opts.model)
+    if "speculation" not in SeatConfig.__struct_fields__:
+        return _not_measurable("spec", title, "seats have no speculation option", opts.model)
+    path = model_path(opts.model)
+    tokenizer = load_tokenizer(path)
+    cap = _cap(2048, opts.tokens)
+    source, base = _workloads(tokenizer, cap)
+    workloads = [dataclasses.replace(w, name=f"{w.name} t={t:g}", temperature=t)
+                 for t in (0.0, 0.7) for w in base]
+    by_name = {w.name: w for w in workloads}
+    extra = f'drafter = {{ kind = "model", path = "{drafter}" }}\n'
+    port = servers.free_port()
+    config = servers.sanctum_config(port, [
+        ("spec", str(path), cap + 64, extra + "speculation = true\n"),
+        ("plain", str(path), cap + 64, extra + "speculation = false\n")])
+    with servers.sanctum_up(config, ("spec", "plain"), port) as url:
+        arms = {"speculative": ("seat with the drafter, speculation on",
+                                A.OpenAIArm(url, "spec", 0.0, opts.tokens, by_name)),
+                "plain": ("same seat config, speculation off",
+                          A.OpenAIArm(url, "plain", 0.0, opts.tokens, by_name))}
+        run = _run(opts, "spec", title, "plain", arms, workloads, opts.model,
+                   [f"Workloads from {source}."])
+    if not any(s.figures.get("accelerated") for s in run.samples if s.arm == "speculative"):
+        return msgspec.structs.replace(
+            run, not_measurable="the speculative seat never reported an accelerated answer "
+            "(X-Sanctum-Speculation): speculation is not implemented in the seat yet")
+    return run
+
+
+def cache(opts: Options) -> Run:
+    from shared.config import SeatConfig
+
+    title = "Prompt cache on against off, turn N of a conversation"
+    fields = SeatConfig.__struct_fields__
+    if "prompt_cache" not in fields:
+        return _not_measurable("cache", title, "seats have no prompt-cache option yet",
+                               opts.model)
+    raise SystemExit("sanctum bench cache: wire the seat's prompt-cache option here")
+
+
+COMPARISONS: dict[str, Callable[[Options], Run]] = {
+    "stack": stack, "mlx-server": mlx_server, "proxy": proxy, "spec": spec, "cache": cache,
+}

@@ -1,0 +1,274 @@
+"""docs/BENCHMARKS.md and its plots, rendered from the stored results alone.
+
+Text claims ratios (per-pair, interleaved); absolute figures appear with their
+spread (median and interquartile range).  A run that fails the interleaving check
+is shown as refused, never as numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from sanctum.bench.results import Run, load_run
+from sanctum.bench.stats import (
+    FIGURES,
+    NotInterleaved,
+    Summary,
+    check_interleaved,
+    figure_values,
+    load_range,
+    pair_differences,
+    pair_ratios,
+    summarize,
+)
+
+ORDER = ["stack", "mlx-server", "proxy", "spec", "cache"]
+SECTION = {
+    "stack": "1. Our stack against the same model in-process",
+    "mlx-server": "2. Our stack against mlx_lm.server",
+    "proxy": "3. Proxy overhead with a null seat",
+    "spec": "4. Speculative against plain decoding",
+    "cache": "5. Prompt cache on against off",
+}
+# Which figures each comparison reports, and its goals (speed ratio, arm over baseline).
+SHOWN = {
+    "stack": ["decode_tps", "ttft_s", "e2e_s"],
+    "mlx-server": ["decode_tps", "ttft_s", "e2e_s"],
+    "spec": ["decode_tps", "e2e_s", "accept_len"],
+    "cache": ["ttft_s", "e2e_s"],
+    "proxy": ["latency_p50_s", "latency_p99_s", "per_token_p50_s", "per_token_p99_s", "rps"],
+}
+GOALS = {"stack": 0.95, "mlx-server t=0": 1.0, "mlx-server t=0.7": 1.3}
+REGENERATE = "make bench"
+
+
+def fmt(x: float, unit: str) -> str:
+    if unit == "s":
+        return f"{x * 1000:.3g} ms" if x < 1 else f"{x:.3g} s"
+    return f"{x:.3g} {unit}"
+
+
+def fmt_summary(s: Summary, unit: str) -> str:
+    return f"{fmt(s.median, unit)} [{fmt(s.q1, unit)}–{fmt(s.q3, unit)}]"
+
+
+def fmt_ratio(s: Summary) -> str:
+    return f"**{s.median:.2f}x** [{s.q1:.2f}–{s.q3:.2f}], n={s.n}"
+
+
+def _other(run: Run) -> str:
+    return next(a.name for a in run.arms if a.name != run.baseline)
+
+
+def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
+    """(what, ratio summary, goal) for the summary table."""
+    arm, base = _other(run), run.baseline
+    out: list[tuple[str, Summary, float | None]] = []
+    if run.comparison == "proxy":
+        r = pair_ratios(run.samples, "rps", arm, base)
+        if r:
+            out.append(("requests/s, proxy over direct", summarize(r), None))
+        return out
+    if run.comparison == "mlx-server":
+        for t in ("0", "0.7"):
+            r = [x for w in run.workloads if w.endswith(f"t={t}")
+                 for x in pair_ratios(run.samples, "e2e_s", arm, base, w)]
+            if r:
+                out.append((f"end-to-end speed, t={t}, all workloads", summarize(r),
+                            GOALS.get(f"mlx-server t={t}")))
+        return out
+    for fig in ("e2e_s", "decode_tps"):
+        r = pair_ratios(run.samples, fig, arm, base)
+        if r:
+            what = "end-to-end speed" if fig == "e2e_s" else "decode tokens/s"
+            out.append((f"{what}, all workloads", summarize(r),
+                        GOALS.get(run.comparison) if fig == "e2e_s" else None))
+    return out
+
+
+def _table(run: Run, warnings: list[str]) -> list[str]:
+    arm, base = _other(run), run.baseline
+    lines = [f"| workload | figure | {arm} | {base} | speed ratio {arm}/{base} |",
+             "|---|---|---|---|---|"]
+    for w in run.workloads:
+        for fig in SHOWN.get(run.comparison, []):
+            unit = FIGURES[fig][0]
+            a = figure_values(run.samples, fig, arm, w)
+            b = figure_values(run.samples, fig, base, w)
+            if not a or not b:
+                continue
+            sa, sb = summarize(a), summarize(b)
+            r = pair_ratios(run.samples, fig, arm, base, w)
+            ratio = fmt_ratio(summarize(r)) if r else "-"
+            for name, s in ((arm, sa), (base, sb)):
+                if s.wide:
+                    warnings.append(f"{w}, {fig}, {name}: wide spread (IQR {s.rel_spread:.0%} "
+                                    "of the median)")
+            if r and summarize(r).wide:
+                warnings.append(f"{w}, {fig}: per-pair ratios spread widely "
+                                f"(IQR {summarize(r).rel_spread:.0%})")
+            lines.append(f"| {w} | {fig} | {fmt_summary(sa, unit)} | {fmt_summary(sb, unit)} "
+                         f"| {ratio} |")
+    return lines
+
+
+def _added(run: Run) -> list[str]:
+    """Proxy comparison: what the proxy adds, per pair."""
+    arm, base = _other(run), run.baseline
+    lines = ["| figure | added by the proxy (median [IQR] of per-pair differences) |",
+             "|---|---|"]
+    for w, figs in (("latency", ("latency_p50_s", "latency_p99_s")),
+                    ("stream", ("per_token_p50_s", "per_token_p99_s"))):
+        for fig in figs:
+            d = pair_differences(run.samples, fig, arm, base, w)
+            if d:
+                s = summarize(d)
+                what = "per request" if w == "latency" else "per streamed token"
+                lines.append(f"| {what}, {fig.split('_')[-2]} | "
+                             f"{fmt_summary(s, 's')} |")
+    return lines
+
+
+def section(run: Run, plot: str | None) -> list[str]:
+    lines = [f"## {SECTION.get(run.comparison, run.comparison)}", ""]
+    if run.not_measurable:
+        return [*lines, f"**Not yet measurable:** {run.not_measurable}.", ""]
+    try:
+        check_interleaved(run.samples)
+    except NotInterleaved as exc:
+        return [*lines, f"**Refused:** the arms were not interleaved ({exc}).", ""]
+    m = run.machine
+    lines += [f"{run.title}. Run `{run.run_id}`, {m.get('date', '?')}, model "
+              f"`{m.get('model', '?')}`; {run.rounds} rounds of which {run.warmup} warm-up, "
+              f"seed {run.seed}.", ""]
+    for a in run.arms:
+        lines.append(f"- **{a.name}**: {a.description}")
+    lines.append("")
+    lines += [f"- {n}" for n in run.notes]
+    for name, desc in run.workloads.items():
+        lines.append(f"- workload `{name}`: {desc}")
+    lo, hi = load_range(run.samples)
+    lines += [f"- 1-minute load average during the measured slots: {lo:.2f}–{hi:.2f} "
+              f"({m.get('cores', '?')} cores)", ""]
+    warnings: list[str] = []
+    cores = float(m.get("cores", "0") or 0)
+    if cores and hi > cores:
+        warnings.append(f"load average reached {hi:.2f} on {cores:g} cores: others were "
+                        "busy; only the per-pair ratios are meaningful")
+    errors = [s for s in run.samples if s.error]
+    if errors:
+        warnings.append(f"{len(errors)} slots failed and were left out "
+                        f"(first: {errors[0].error})")
+    heads = headline(run)
+    if heads:
+        lines += ["| headline | speed ratio (median [IQR] of per-pair ratios) | goal |",
+                  "|---|---|---|"]
+        for what, s, goal in heads:
+            lines.append(f"| {what} | {fmt_ratio(s)} | {f'≥ {goal:g}x' if goal else '-'} |")
+        lines.append("")
+    if run.comparison == "proxy":
+        lines += [*_added(run), ""]
+    lines += [*_table(run, warnings), ""]
+    if plot:
+        lines += [f"![{run.comparison}]({plot})", ""]
+    if warnings:
+        lines += ["Warnings:", ""] + [f"- {w}" for w in warnings] + [""]
+    return lines
+
+
+def plot_run(run: Run, path: Path) -> bool:
+    """Per-pair speed ratios per workload and figure, as box plots."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    arm, base = _other(run), run.baseline
+    figs = [f for f in SHOWN.get(run.comparison, []) if f in FIGURES]
+    figs = [f for f in figs if any(pair_ratios(run.samples, f, arm, base, w)
+                                   for w in run.workloads)]
+    if not figs:
+        return False
+    fig, axes = plt.subplots(1, len(figs), figsize=(4.2 * len(figs), 3.8), squeeze=False)
+    for ax, f in zip(axes[0], figs, strict=True):
+        names = [w for w in run.workloads if pair_ratios(run.samples, f, arm, base, w)]
+        data = [pair_ratios(run.samples, f, arm, base, w) for w in names]
+        ax.boxplot(data, vert=False, tick_labels=names, showfliers=True)
+        ax.axvline(1.0, color="grey", lw=1, ls="--")
+        ax.set_title(f"{f}: {arm} / {base}", fontsize=9)
+        ax.set_xlabel("speed ratio (>1: faster)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(f"{SECTION.get(run.comparison, run.comparison)} — per-pair ratios",
+                 fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def render(runs: dict[str, Run], plot_dir: Path | None,
+           plot: Callable[[Run, Path], bool] = plot_run, rel: str = "bench") -> str:
+    lines = [
+        "# Benchmarks", "",
+        "Every comparison below ran its arms **interleaved** in one run (A B A B ..., the "
+        "starting arm drawn from a seed, the first round a warm-up that is not reported), "
+        "on the same machine and model. Ratios are per pair: the two arms' samples from "
+        "the same round and workload, taken back to back, so a slow minute slows both. A "
+        "speed ratio above 1 means the first arm was faster. The text claims ratios; "
+        "absolute figures are shown as median [interquartile range].", "",
+        f"Regenerate everything with `{REGENERATE}` (runs every comparison, then "
+        "`sanctum bench report`); `sanctum bench report` alone re-renders this page from "
+        "`docs/bench/results/*.json`.", "",
+    ]
+    any_run = next((r for r in runs.values() if r.machine), None)
+    if any_run:
+        m = any_run.machine
+        lines += ["| machine | |", "|---|---|"]
+        for k in ("date", "platform", "cpu", "cores", "python", "mlx", "mlx-lm", "openai",
+                  "sanctum", "blas", "model"):
+            if k in m:
+                lines.append(f"| {k} | {m[k]} |")
+        lines.append("")
+    summary = ["## Headline ratios", "", "| comparison | what | speed ratio | goal |",
+               "|---|---|---|---|"]
+    body: list[str] = []
+    for name in ORDER:
+        run = runs.get(name)
+        if run is None:
+            summary.append(f"| {SECTION[name]} | - | not run yet | - |")
+            continue
+        plot_rel = None
+        if plot_dir is not None and not run.not_measurable:
+            try:
+                check_interleaved(run.samples)
+                if plot(run, plot_dir / f"{name}.png"):
+                    plot_rel = f"{rel}/{name}.png"
+            except NotInterleaved:
+                pass
+        body += section(run, plot_rel)
+        if run.not_measurable:
+            summary.append(f"| {SECTION[name]} | - | not yet measurable | - |")
+            continue
+        try:
+            heads = headline(run)
+        except NotInterleaved:
+            summary.append(f"| {SECTION[name]} | - | refused: not interleaved | - |")
+            continue
+        for what, s, goal in heads:
+            summary.append(f"| {SECTION[name]} | {what} | {fmt_ratio(s)} | "
+                           f"{f'≥ {goal:g}x' if goal else '-'} |")
+    return "\n".join([*lines, *summary, "", *body]).rstrip() + "\n"
+
+
+def write_report(results: Path, doc: Path) -> Path:
+    runs = {p.stem: load_run(p) for p in sorted(results.glob("*.json"))}
+    plot_dir = doc.parent / "bench"
+    rel = os.path.relpath(plot_dir, doc.parent)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(render(runs, plot_dir, rel=rel))
+    return doc
