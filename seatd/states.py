@@ -5,23 +5,31 @@
 No processes, sockets or clocks in here: the shell in `supervisor.py` turns
 events into calls and actions into effects.
 
-    STARTING --ready pong--> READY <--pong idle/busy--> BUSY
-       |                       |                          |
-       +--exit/lost--> BACKOFF --delay elapsed--> STARTING (respawn)
-       |                 |
-       |                 +--N crashes in window--> FATAL --restart cmd--> STARTING
+    STARTING --pong: model loaded--> READY <--pong idle/busy--> BUSY
+       |                               |                          |
+       +--exit/lost (crash)--> BACKOFF --delay elapsed--> STARTING (respawn)
+       |                          |
+       |                          +--N crashes in window--> FATAL
+       |                                                      |
+       |                                  restart cmd / cool-down --> STARTING
        +--exit with a fatal code (config, model load)--> FATAL
-    any --stop--> STOPPING --exit--> STOPPED
+    READY/BUSY --over memory budget--> STOPPING (drain) --exit--> STARTING (recycled)
+    any alive --stop--> STOPPING (drain) --exit--> STOPPED
+    STOPPING --drain deadline passed--> kill
+
+READY means the model is loaded and the worker answered a heartbeat saying so.
+A memory recycle is counted in the crash window too: a seat whose model alone
+is over its budget would otherwise restart forever.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
-from enum import Enum
+from dataclasses import dataclass, replace
+from enum import StrEnum
 
 
-class State(str, Enum):
+class State(StrEnum):
     STARTING = "STARTING"
     READY = "READY"
     BUSY = "BUSY"
@@ -41,6 +49,8 @@ class Policy:
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
     fatal_cooldown_s: float | None = None
+    # How long a stopping worker may drain before it is killed (TERM, then KILL).
+    stop_deadline_s: float = 22.0
 
 
 # -- events ---------------------------------------------------------------
@@ -73,8 +83,15 @@ class Exited:
 
 
 @dataclass(frozen=True)
+class OverBudget:
+    """The worker's resident memory passed its budget: recycle it after its request."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Tick:
-    """Time passed: back-off and cool-down deadlines are checked."""
+    """Time passed: back-off, cool-down and drain deadlines are checked."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +104,7 @@ class StopRequested:
     pass
 
 
-Event = Spawned | Heard | Lost | Exited | Tick | RestartRequested | StopRequested
+Event = Spawned | Heard | Lost | Exited | OverBudget | Tick | RestartRequested | StopRequested
 
 # -- actions --------------------------------------------------------------
 
@@ -99,7 +116,7 @@ class Spawn:
 
 @dataclass(frozen=True)
 class Kill:
-    """Kill the worker process (it is lost or asked to restart)."""
+    """Kill the worker process (it is lost, asked to restart, or past its drain)."""
 
     reason: str
 
@@ -118,29 +135,67 @@ class SeatState:
     pid: int | None = None
     crashes: tuple[float, ...] = ()
     restarts: int = 0
+    memory_restarts: int = 0
     last_exit: str | None = None
     retry_at: float | None = None
     fatal_at: float | None = None
-    extra: dict[str, str] = field(default_factory=dict)
+    # STOPPING: when the drain ends and the worker is killed; and whether a new
+    # worker follows (a memory recycle) or the seat stays down (a stop).
+    stop_deadline: float | None = None
+    recycle: str | None = None
 
 
-def backoff_delay(crashes_in_window: int, policy: Policy, rng: random.Random | None = None) -> float:
+def backoff_delay(crashes_in_window: int, policy: Policy,
+                  rng: random.Random | None = None) -> float:
     """Jittered exponential back-off: base * 2^(n-1), capped, times [0.5, 1.0)."""
-    base = min(policy.backoff_max_s, policy.backoff_initial_s * 2 ** max(crashes_in_window - 1, 0))
+    exponent = max(crashes_in_window - 1, 0)
+    base = min(policy.backoff_max_s, policy.backoff_initial_s * 2.0**exponent)
     jitter = (rng or random).uniform(0.5, 1.0)
     return base * jitter
 
 
+def _window(seat: SeatState, now: float, policy: Policy) -> tuple[float, ...]:
+    return (*(t for t in seat.crashes if now - t <= policy.crash_window_s), now)
+
+
+def _budget_spent(crashes: tuple[float, ...], policy: Policy) -> bool:
+    return len(crashes) >= policy.max_crashes
+
+
+def _fatal(seat: SeatState, why: str, crashes: tuple[float, ...], now: float) -> SeatState:
+    return replace(seat, state=State.FATAL, pid=None, crashes=crashes, last_exit=why,
+                   retry_at=None, fatal_at=now, stop_deadline=None, recycle=None)
+
+
 def _crashed(seat: SeatState, reason: str, fatal: bool, now: float, policy: Policy,
              rng: random.Random | None) -> tuple[SeatState, list[Action]]:
-    crashes = tuple(t for t in seat.crashes if now - t <= policy.crash_window_s) + (now,)
-    if fatal or len(crashes) >= policy.max_crashes:
-        why = reason if fatal else f"{reason}; {len(crashes)} crashes in {policy.crash_window_s:g}s"
-        return replace(seat, state=State.FATAL, pid=None, crashes=crashes, last_exit=why,
-                       retry_at=None, fatal_at=now), []
+    crashes = _window(seat, now, policy)
+    if fatal:
+        return _fatal(seat, reason, crashes, now), []
+    if _budget_spent(crashes, policy):
+        why = f"{reason}; {len(crashes)} crashes in {policy.crash_window_s:g}s"
+        return _fatal(seat, why, crashes, now), []
     delay = backoff_delay(len(crashes), policy, rng)
     return replace(seat, state=State.BACKOFF, pid=None, crashes=crashes, last_exit=reason,
                    retry_at=now + delay), []
+
+
+def _respawn(seat: SeatState) -> tuple[SeatState, list[Action]]:
+    return replace(seat, state=State.STARTING, restarts=seat.restarts + 1, retry_at=None,
+                   stop_deadline=None, recycle=None), [Spawn()]
+
+
+def _stopping_exited(seat: SeatState, reason: str, now: float,
+                     policy: Policy) -> tuple[SeatState, list[Action]]:
+    if seat.recycle is None:
+        return replace(seat, state=State.STOPPED, pid=None, last_exit=reason,
+                       stop_deadline=None), []
+    why = f"{seat.recycle}; drained and {reason}"
+    crashes = _window(seat, now, policy)
+    if _budget_spent(crashes, policy):
+        return _fatal(seat, f"{why}; {len(crashes)} restarts in {policy.crash_window_s:g}s",
+                      crashes, now), []
+    return _respawn(replace(seat, pid=None, crashes=crashes, last_exit=why))
 
 
 def transition(seat: SeatState, event: Event, now: float, policy: Policy,
@@ -149,16 +204,18 @@ def transition(seat: SeatState, event: Event, now: float, policy: Policy,
     match event:
         case StopRequested():
             if s in ALIVE:
-                return replace(seat, state=State.STOPPING), [Terminate()]
+                return replace(seat, state=State.STOPPING,
+                               stop_deadline=now + policy.stop_deadline_s), [Terminate()]
+            if s == State.STOPPING:
+                # A recycle in progress becomes a plain stop: nothing follows it.
+                return replace(seat, recycle=None), []
             if s in (State.BACKOFF, State.FATAL):
                 return replace(seat, state=State.STOPPED, retry_at=None), []
             return seat, []
         case Spawned(pid=pid):
             return replace(seat, state=State.STARTING, pid=pid, retry_at=None), []
         case Heard(ready=ready, busy=busy):
-            if s not in ALIVE:
-                return seat, []
-            if not ready:
+            if s not in ALIVE or not ready:
                 return seat, []
             return replace(seat, state=State.BUSY if busy else State.READY), []
         case Lost(reason=reason):
@@ -168,33 +225,41 @@ def transition(seat: SeatState, event: Event, now: float, policy: Policy,
             # second crash, so the crash is counted here and the exit is then ignored.
             new, actions = _crashed(seat, reason, False, now, policy, rng)
             return replace(new, pid=seat.pid), [Kill(reason), *actions]
+        case OverBudget(reason=reason):
+            if s not in (State.READY, State.BUSY):
+                return seat, []
+            # SIGTERM makes the worker refuse new work and finish what it holds.
+            return replace(seat, state=State.STOPPING, recycle=reason,
+                           memory_restarts=seat.memory_restarts + 1,
+                           stop_deadline=now + policy.stop_deadline_s), [Terminate()]
         case Exited(reason=reason, fatal=fatal):
             if s == State.STOPPING:
-                return replace(seat, state=State.STOPPED, pid=None, last_exit=reason), []
+                return _stopping_exited(seat, reason, now, policy)
             if s in ALIVE:
                 return _crashed(seat, reason, fatal, now, policy, rng)
             # BACKOFF/FATAL after a Lost: the killed process is now gone.
             return replace(seat, pid=None), []
         case Tick():
+            if s == State.STOPPING and seat.stop_deadline is not None and seat.pid is not None \
+                    and now >= seat.stop_deadline:
+                # Kill once; the exit then ends the stop (or the recycle).
+                return replace(seat, stop_deadline=None), [Kill("drain deadline passed")]
             if s == State.BACKOFF and seat.retry_at is not None and now >= seat.retry_at \
                     and seat.pid is None:
-                return replace(seat, state=State.STARTING, restarts=seat.restarts + 1,
-                               retry_at=None), [Spawn()]
+                return _respawn(seat)
             if (s == State.FATAL and policy.fatal_cooldown_s is not None
                     and seat.fatal_at is not None and seat.pid is None
                     and now - seat.fatal_at >= policy.fatal_cooldown_s):
-                return replace(seat, state=State.STARTING, restarts=seat.restarts + 1,
-                               crashes=(), fatal_at=None), [Spawn()]
+                return _respawn(replace(seat, crashes=(), fatal_at=None))
             return seat, []
         case RestartRequested():
             if s in (State.BACKOFF, State.FATAL, State.STOPPED):
                 if seat.pid is not None:
                     return seat, []
-                return replace(seat, state=State.STARTING, restarts=seat.restarts + 1,
-                               crashes=(), retry_at=None, fatal_at=None), [Spawn()]
+                return _respawn(replace(seat, crashes=(), fatal_at=None))
             if s in ALIVE:
                 # An operator restart is not a crash: kill, then respawn at once.
-                return replace(seat, state=State.BACKOFF, retry_at=now, crashes=seat.crashes,
+                return replace(seat, state=State.BACKOFF, retry_at=now,
                                last_exit="restart requested"), [Kill("restart requested")]
             return seat, []
     return seat, []

@@ -9,6 +9,7 @@ from seatd.states import (
     Heard,
     Kill,
     Lost,
+    OverBudget,
     Policy,
     RestartRequested,
     SeatState,
@@ -22,7 +23,8 @@ from seatd.states import (
     transition,
 )
 
-P = Policy(max_crashes=3, crash_window_s=60, backoff_initial_s=1, backoff_max_s=8)
+P = Policy(max_crashes=3, crash_window_s=60, backoff_initial_s=1, backoff_max_s=8,
+           stop_deadline_s=10)
 RNG = random.Random(0)
 
 S = State
@@ -30,20 +32,36 @@ TABLE = [
     # state, event, next state, action types
     (S.STARTING, Spawned(10), S.STARTING, []),
     (S.STARTING, Heard(ready=False, busy=False), S.STARTING, []),
+    (S.STARTING, Heard(ready=False, busy=True), S.STARTING, []),
     (S.STARTING, Heard(ready=True, busy=False), S.READY, []),
     (S.READY, Heard(ready=True, busy=True), S.BUSY, []),
     (S.BUSY, Heard(ready=True, busy=False), S.READY, []),
     (S.READY, Exited("signal:SIGKILL"), S.BACKOFF, []),
+    (S.BUSY, Exited("exit:1"), S.BACKOFF, []),
+    (S.STARTING, Lost("no first heartbeat"), S.BACKOFF, [Kill]),
     (S.BUSY, Lost("no heartbeat"), S.BACKOFF, [Kill]),
-    (S.STARTING, Exited("exit:79 (model_load_failed)", fatal=True), S.FATAL, []),
+    (S.BUSY, Lost("stalled: no token"), S.BACKOFF, [Kill]),
+    (S.STARTING, Exited("model_load_failed: /m does not exist (exit:79)", fatal=True),
+     S.FATAL, []),
+    (S.READY, Exited("config_error: bad (exit:78)", fatal=True), S.FATAL, []),
     (S.READY, StopRequested(), S.STOPPING, [Terminate]),
+    (S.BUSY, StopRequested(), S.STOPPING, [Terminate]),
+    (S.STARTING, StopRequested(), S.STOPPING, [Terminate]),
     (S.BACKOFF, StopRequested(), S.STOPPED, []),
     (S.FATAL, StopRequested(), S.STOPPED, []),
     (S.STOPPING, Exited("exit:0"), S.STOPPED, []),
     (S.STOPPING, Heard(ready=True, busy=False), S.STOPPING, []),
+    (S.STOPPING, Lost("no heartbeat"), S.STOPPING, []),
+    (S.STOPPING, OverBudget("memory"), S.STOPPING, []),
+    (S.READY, OverBudget("memory"), S.STOPPING, [Terminate]),
+    (S.BUSY, OverBudget("memory"), S.STOPPING, [Terminate]),
+    (S.STARTING, OverBudget("memory"), S.STARTING, []),
     (S.FATAL, RestartRequested(), S.STARTING, [Spawn]),
+    (S.BACKOFF, RestartRequested(), S.STARTING, [Spawn]),
     (S.READY, RestartRequested(), S.BACKOFF, [Kill]),
+    (S.STOPPING, RestartRequested(), S.STOPPING, []),
     (S.FATAL, Tick(), S.FATAL, []),
+    (S.FATAL, Heard(ready=True, busy=False), S.FATAL, []),
 ]
 
 
@@ -55,6 +73,25 @@ def test_transition_table(state, event, after, actions) -> None:
     new, got = transition(seat, event, 100.0, P, RNG)
     assert new.state is after
     assert [type(a) for a in got] == actions
+
+
+def test_ready_needs_a_loaded_model_and_an_answered_heartbeat() -> None:
+    """Spawning is not READY; a pong without the model is not READY; a loaded pong is."""
+    seat, _ = transition(SeatState(S.BACKOFF), Spawned(5), 0.0, P, RNG)
+    assert seat.state is S.STARTING and seat.pid == 5
+    seat, _ = transition(seat, Heard(ready=False, busy=False), 1.0, P, RNG)
+    assert seat.state is S.STARTING
+    seat, _ = transition(seat, Heard(ready=True, busy=False), 2.0, P, RNG)
+    assert seat.state is S.READY
+
+
+def test_fatal_exit_keeps_its_reason_and_is_not_retried() -> None:
+    """A load failure is FATAL at once with the worker's words, and no tick respawns it."""
+    why = "model_load_failed: /m does not exist (exit:79)"
+    seat, _ = transition(SeatState(S.STARTING, pid=3), Exited(why, fatal=True), 0.0, P, RNG)
+    assert seat.state is S.FATAL and seat.last_exit == why and seat.restarts == 0
+    for t in (1.0, 100.0, 10_000.0):
+        assert transition(seat, Tick(), t, P, RNG) == (seat, [])
 
 
 def test_backoff_respawns_only_after_delay_and_exit() -> None:
@@ -74,6 +111,7 @@ def test_lost_worker_is_not_respawned_before_it_exits() -> None:
     seat, acts = transition(seat, Tick(), 1000.0, P, RNG)
     assert acts == [] and seat.state is S.BACKOFF
     seat, _ = transition(seat, Exited("signal:SIGKILL"), 1000.0, P, RNG)
+    assert seat.last_exit == "stalled", "the kill's own exit must not hide why it was killed"
     seat, acts = transition(seat, Tick(), 1000.0, P, RNG)
     assert acts == [Spawn()]
 
@@ -91,6 +129,7 @@ def test_crash_budget_goes_fatal_with_last_reason() -> None:
     seat, _ = transition(seat, Exited("exit:1"), t, P, RNG)
     assert seat.state is S.FATAL
     assert seat.last_exit is not None and seat.last_exit.startswith("exit:1")
+    assert transition(seat, Tick(), t + 10_000, P, RNG)[1] == [], "FATAL stays down"
 
 
 def test_crashes_outside_window_do_not_count() -> None:
@@ -107,6 +146,60 @@ def test_fatal_cooldown_restarts() -> None:
     assert seat.state is S.FATAL
     assert transition(seat, Tick(), 29.0, policy, RNG)[0].state is S.FATAL
     assert transition(seat, Tick(), 30.0, policy, RNG)[1] == [Spawn()]
+
+
+def test_operator_restart_of_fatal_seat_clears_its_crash_budget() -> None:
+    """`sanctum restart` on a FATAL seat starts it with a fresh crash window."""
+    seat = SeatState(S.FATAL, crashes=(1.0, 2.0, 3.0), fatal_at=3.0, restarts=4)
+    seat, acts = transition(seat, RestartRequested(), 4.0, P, RNG)
+    assert acts == [Spawn()] and seat.crashes == () and seat.restarts == 5
+
+
+def test_stop_drains_then_kills_at_the_deadline() -> None:
+    """Stopping sends TERM; a worker still there at the drain deadline gets one KILL."""
+    seat, acts = transition(SeatState(S.BUSY, pid=4), StopRequested(), 0.0, P, RNG)
+    assert acts == [Terminate()] and seat.stop_deadline == P.stop_deadline_s
+    assert transition(seat, Tick(), P.stop_deadline_s - 0.1, P, RNG)[1] == []
+    seat, acts = transition(seat, Tick(), P.stop_deadline_s, P, RNG)
+    assert acts == [Kill("drain deadline passed")]
+    assert transition(seat, Tick(), P.stop_deadline_s + 5, P, RNG)[1] == [], "kill once"
+    seat, acts = transition(seat, Exited("signal:SIGKILL"), 11.0, P, RNG)
+    assert seat.state is S.STOPPED and acts == []
+
+
+def test_memory_recycle_drains_then_respawns_and_counts() -> None:
+    """Over budget: TERM (finish the request), then a new worker; memory_restarts counts it."""
+    seat, acts = transition(SeatState(S.BUSY, pid=4), OverBudget("memory: rss 9 MB"), 0.0, P,
+                            RNG)
+    assert seat.state is S.STOPPING and acts == [Terminate()] and seat.memory_restarts == 1
+    # Still draining: pongs and further readings change nothing.
+    assert transition(seat, Heard(ready=False, busy=True), 1.0, P, RNG)[0] == seat
+    assert transition(seat, OverBudget("memory: rss 10 MB"), 1.0, P, RNG)[0] == seat
+    seat, acts = transition(seat, Exited("exit:0"), 2.0, P, RNG)
+    assert seat.state is S.STARTING and acts == [Spawn()] and seat.restarts == 1
+    assert seat.last_exit == "memory: rss 9 MB; drained and exit:0"
+
+
+def test_memory_recycles_count_against_the_crash_budget() -> None:
+    """A model over its budget by itself goes FATAL instead of recycling forever."""
+    seat = SeatState(S.READY, pid=1)
+    for t in range(P.max_crashes):
+        seat, _ = transition(seat, OverBudget("memory: over"), float(t), P, RNG)
+        seat, _ = transition(seat, Exited("exit:0"), float(t), P, RNG)
+        if seat.state is S.STARTING:
+            seat, _ = transition(seat, Spawned(t + 2), float(t), P, RNG)
+            seat, _ = transition(seat, Heard(ready=True, busy=False), float(t), P, RNG)
+    assert seat.state is S.FATAL and seat.memory_restarts == P.max_crashes
+    assert seat.last_exit is not None and "memory: over" in seat.last_exit
+
+
+def test_stop_during_a_recycle_does_not_respawn() -> None:
+    """A stop that arrives while a memory recycle drains ends the seat: no new worker."""
+    seat, _ = transition(SeatState(S.READY, pid=1), OverBudget("memory"), 0.0, P, RNG)
+    seat, acts = transition(seat, StopRequested(), 1.0, P, RNG)
+    assert acts == [] and seat.state is S.STOPPING
+    seat, acts = transition(seat, Exited("exit:0"), 2.0, P, RNG)
+    assert seat.state is S.STOPPED and acts == []
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 10])
