@@ -1,8 +1,14 @@
 """seatd: spawns one worker per local seat, watches it, restarts it, stops it.
 
-This is the shell around `states.transition`: it turns process exits, pongs and
-missed heartbeats into events, and the returned actions into spawns and kills.
-It also answers the control socket (`sanctum status`, `restart`, `counters`).
+This is the shell around `states.transition`: it turns process exits, pongs,
+missed heartbeats, stalled token counts and memory readings into events, and
+the returned actions into spawns, signals and kills.  It also answers the
+control socket (`sanctum status`, `restart`, `counters`).
+
+Stopping (SIGTERM or SIGINT) is ordered: each worker gets SIGTERM and drains its
+in-flight request for up to `drain_s`; a worker still there `KILL_GRACE_S`
+later is killed.  Workers die with seatd even when seatd is SIGKILLed
+(`shared.lifecycle`, in the worker).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 import psutil
@@ -22,14 +29,16 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from seatd import blas
+from seatd import blas, health, ledger
 from seatd.states import (
+    ALIVE,
     Action,
     Event,
     Exited,
     Heard,
     Kill,
     Lost,
+    OverBudget,
     Policy,
     RestartRequested,
     SeatState,
@@ -42,7 +51,14 @@ from seatd.states import (
     transition,
 )
 from shared import exitcodes, protocol
-from shared.config import Config, control_endpoint, state_dir, unlink_endpoint, worker_endpoint
+from shared.config import (
+    Config,
+    SeatConfig,
+    control_endpoint,
+    state_dir,
+    unlink_endpoint,
+    worker_endpoint,
+)
 
 log = structlog.get_logger()
 
@@ -50,27 +66,47 @@ log = structlog.get_logger()
 # first pong, allow this long before calling it lost.
 FIRST_PONG_S = 60.0
 LOOP_S = 0.1
+# After the drain deadline a worker gets this long to exit on its own, then KILL.
+KILL_GRACE_S = 2.0
 
 
 @dataclass
 class Seat:
     name: str
+    config: SeatConfig
     state: SeatState = field(default_factory=SeatState)
     proc: subprocess.Popen[bytes] | None = None
     sock: zmq.Socket[bytes] | None = None
     spawned_at: float = 0.0
     heard_at: float | None = None
     pinged_at: float = 0.0
+    measured_at: float = 0.0
+    rss: int | None = None
     incarnation: int = 0
+    pong: protocol.Pong | None = None
+    watch: health.Watch = field(default_factory=health.Watch)
+    reason_file: Path | None = None
+    totals_file: Path | None = None
+
+
+def policy_for(config: Config) -> Policy:
+    s = config.seatd
+    return Policy(s.max_crashes, s.crash_window_s, s.backoff_initial_s, s.backoff_max_s,
+                  getattr(s, "fatal_cooldown_s", None), s.drain_s + KILL_GRACE_S)
 
 
 class Supervisor:
     def __init__(self, config: Config, config_path: str | None) -> None:
         self.config = config
         self.config_path = config_path
-        s = config.seatd
-        self.policy = Policy(s.max_crashes, s.crash_window_s, s.backoff_initial_s, s.backoff_max_s)
-        self.seats = {seat.name: Seat(seat.name) for seat in config.local_seats}
+        self.policy = policy_for(config)
+        self.state_dir = state_dir(config)
+        self.seats = {seat.name: Seat(seat.name, seat) for seat in config.local_seats}
+        for seat in self.seats.values():
+            seat.reason_file = self.state_dir / f"exit-{seat.name}.reason"
+            seat.totals_file = ledger.path_for(self.state_dir, seat.name)
+            saved = ledger.load(seat.totals_file)
+            seat.state = SeatState(restarts=saved.restarts, memory_restarts=saved.memory_restarts)
         self.ctx: zmq.asyncio.Context | None = None
         # Heartbeat sockets are polled without blocking from the watch loop, so
         # they are plain sockets on a context of their own.
@@ -80,36 +116,57 @@ class Supervisor:
     # -- state machine plumbing -------------------------------------------
 
     def feed(self, seat: Seat, event: Event) -> None:
-        before = seat.state.state
+        before = seat.state
         seat.state, actions = transition(seat.state, event, time.monotonic(), self.policy)
-        if seat.state.state != before:
-            log.info("seat_state", seat=seat.name, state=seat.state.state.value,
-                     was=before.value, last_exit=seat.state.last_exit)
+        after = seat.state
+        if after.state != before.state:
+            log.info("seat_state", seat=seat.name, state=after.state.value,
+                     was=before.state.value, last_exit=after.last_exit)
+        if (after.restarts, after.memory_restarts) != (before.restarts, before.memory_restarts):
+            self.save_totals(seat)
         for action in actions:
             self.act(seat, action)
+
+    def save_totals(self, seat: Seat) -> None:
+        assert seat.totals_file is not None
+        try:
+            ledger.save(seat.totals_file,
+                        ledger.Totals(seat.state.restarts, seat.state.memory_restarts))
+        except OSError as exc:
+            log.error("totals_not_saved", seat=seat.name, error=str(exc))
 
     def act(self, seat: Seat, action: Action) -> None:
         match action:
             case Spawn():
                 self.spawn(seat)
             case Kill(reason=reason):
+                # SIGKILL also ends a stopped (SIGSTOP) process: no SIGCONT needed.
                 if seat.proc is not None and seat.proc.poll() is None:
                     log.warning("killing_worker", seat=seat.name, pid=seat.proc.pid, reason=reason)
                     seat.proc.kill()
             case Terminate():
                 if seat.proc is not None and seat.proc.poll() is None:
+                    log.info("terminating_worker", seat=seat.name, pid=seat.proc.pid,
+                             reason=seat.state.recycle or "stop")
                     seat.proc.send_signal(signal.SIGTERM)
 
     def spawn(self, seat: Seat) -> None:
-        cmd = [sys.executable, "-m", "seatd.worker", "--seat", seat.name]
+        assert seat.reason_file is not None
+        # The worker is bound to us before it imports anything heavy (lifecycle.py).
+        cmd = [sys.executable, "-m", "shared.lifecycle", "seatd.worker", "--seat", seat.name]
         if self.config_path is not None:
             cmd += ["--config", self.config_path]
         env = blas.worker_env(dict(os.environ))
         env["SANCTUM_PARENT_PID"] = str(os.getpid())
+        env[exitcodes.REASON_ENV] = str(seat.reason_file)
+        exitcodes.take_reason(seat.reason_file)  # a stale reason must not name this exit
         # Popen from the main thread: PR_SET_PDEATHSIG follows the spawning thread.
         seat.proc = subprocess.Popen(cmd, env=env)
         seat.spawned_at = time.monotonic()
         seat.heard_at = None
+        seat.pong = None
+        seat.rss = None
+        seat.watch = health.Watch()
         log.info("worker_spawned", seat=seat.name, pid=seat.proc.pid,
                  blas=env.get("LD_PRELOAD", "default"))
         self.feed(seat, Spawned(seat.proc.pid))
@@ -147,23 +204,57 @@ class Supervisor:
                     and reply.pid == seat.proc.pid:
                 seat.heard_at = time.monotonic()
                 seat.incarnation = reply.incarnation
+                seat.pong = reply
                 self.feed(seat, Heard(reply.ready, reply.busy))
+
+    def limits(self, seat: Seat) -> health.Limits:
+        return health.Limits(seat.config.first_token_timeout_s, seat.config.stall_timeout_s)
 
     def check(self, seat: Seat, now: float) -> None:
         if seat.proc is not None:
             code = seat.proc.poll()
             if code is not None:
                 seat.proc = None
+                assert seat.reason_file is not None
+                detail = exitcodes.take_reason(seat.reason_file)
                 fatal = code in exitcodes.FATAL_AT_ONCE
-                self.feed(seat, Exited(exitcodes.describe(code), fatal))
-        if seat.state.state in (State.STARTING, State.READY, State.BUSY) and seat.proc:
-            window = self.config.seatd.heartbeat_s * self.config.seatd.liveness
-            if seat.heard_at is None:
-                if now - seat.spawned_at > FIRST_PONG_S:
-                    self.feed(seat, Lost("no first heartbeat"))
-            elif now - seat.heard_at > window:
-                self.feed(seat, Lost(f"no heartbeat for {now - seat.heard_at:.1f}s"))
+                self.feed(seat, Exited(exitcodes.describe(code, detail), fatal))
+        if seat.state.state in ALIVE and seat.proc is not None:
+            self.check_liveness(seat, now)
+        if seat.state.state in (State.READY, State.BUSY) and seat.proc is not None:
+            self.check_progress(seat, now)
+        if seat.state.state in (State.READY, State.BUSY) and seat.proc is not None:
+            self.check_memory(seat, now)
         self.feed(seat, Tick())
+
+    def check_liveness(self, seat: Seat, now: float) -> None:
+        window = self.config.seatd.heartbeat_s * self.config.seatd.liveness
+        if seat.heard_at is None:
+            if now - seat.spawned_at > FIRST_PONG_S:
+                self.feed(seat, Lost("no first heartbeat"))
+        elif now - seat.heard_at > window:
+            self.feed(seat, Lost(f"no heartbeat for {now - seat.heard_at:.1f}s"))
+
+    def check_progress(self, seat: Seat, now: float) -> None:
+        if seat.pong is None:
+            return
+        seat.watch, stalled = health.progress(seat.watch, seat.pong.in_flight,
+                                              seat.pong.tokens_generated, now, self.limits(seat))
+        if stalled:
+            self.feed(seat, Lost(stalled))
+
+    def check_memory(self, seat: Seat, now: float) -> None:
+        if now - seat.measured_at < self.config.seatd.heartbeat_s or seat.proc is None:
+            return
+        seat.measured_at = now
+        try:
+            seat.rss = psutil.Process(seat.proc.pid).memory_info().rss
+        except psutil.Error:
+            return
+        reason = health.over_budget(seat.rss, seat.config.memory_budget_mb)
+        if reason:
+            log.warning("memory_over_budget", seat=seat.name, pid=seat.proc.pid, reason=reason)
+            self.feed(seat, OverBudget(reason))
 
     async def watch(self) -> None:
         while True:
@@ -200,15 +291,23 @@ class Supervisor:
 
     def counters(self) -> protocol.SeatCounters:
         out: dict[str, dict[str, object]] = {}
-        base = state_dir(self.config)
         for seat in self.seats.values():
-            path = base / f"counters-{seat.name}.json"
+            path = self.state_dir / f"counters-{seat.name}.json"
             try:
                 out[seat.name] = json.loads(path.read_text())
             except (OSError, ValueError):
                 out[seat.name] = {}
             out[seat.name]["restarts"] = seat.state.restarts
+            out[seat.name]["memory_restarts"] = seat.state.memory_restarts
         return protocol.SeatCounters(out)
+
+    def restart(self, name: str) -> protocol.ControlReply:
+        if name not in self.seats:
+            return protocol.ControlError(f"no local seat named {name!r}")
+        if self.stopping:
+            return protocol.ControlError("seatd is stopping")
+        self.feed(self.seats[name], RestartRequested())
+        return protocol.ControlOk(f"restarting {name}")
 
     async def control(self) -> None:
         assert self.ctx is not None
@@ -230,11 +329,7 @@ class Supervisor:
                         case protocol.GetCounters():
                             reply = self.counters()
                         case protocol.RestartSeat(seat=name):
-                            if name not in self.seats:
-                                reply = protocol.ControlError(f"no local seat named {name!r}")
-                            else:
-                                self.feed(self.seats[name], RestartRequested())
-                                reply = protocol.ControlOk(f"restarting {name}")
+                            reply = self.restart(name)
                 await sock.send_multipart([identity, b"", protocol.encode(reply)])
         finally:
             sock.close(linger=0)
@@ -251,7 +346,7 @@ class Supervisor:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        state_dir(self.config).mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
         self.ctx = zmq.asyncio.Context()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)
@@ -260,14 +355,17 @@ class Supervisor:
             self.spawn(seat)
         control = loop.create_task(self.control())
         watcher = loop.create_task(self.watch())
-        log.info("seatd_started", seats=list(self.seats), state_dir=str(state_dir(self.config)))
+        log.info("seatd_started", seats=list(self.seats), state_dir=str(self.state_dir))
         try:
             while not self.stopping:
                 await asyncio.sleep(LOOP_S)
-            # Workers drain up to drain_s; after a grace period they are killed.
-            deadline = time.monotonic() + self.config.seatd.drain_s + 2.0
+            # The watch loop drains, then kills at each seat's deadline (states.py);
+            # this outer deadline only guards against the loop itself being stuck.
+            started = time.monotonic()
+            deadline = started + self.policy.stop_deadline_s + KILL_GRACE_S
             while not watcher.done() and time.monotonic() < deadline:
                 await asyncio.sleep(LOOP_S)
+            log.info("seatd_drained", seconds=round(time.monotonic() - started, 2))
         finally:
             for seat in self.seats.values():
                 if seat.proc is not None and seat.proc.poll() is None:
@@ -285,4 +383,3 @@ class Supervisor:
             unlink_endpoint(control_endpoint(self.config))
         log.info("seatd_stopped")
         return 0
-

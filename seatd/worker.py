@@ -177,6 +177,8 @@ class SeatWorker:
 
         assert self.seat.model is not None
         path = resolve_model(resolve_path(self.config, self.seat.model))
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist")
         dtype = None if self.seat.compute_dtype == "auto" else self.seat.compute_dtype
         got = load_for_compute(path, dtype)
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash)
@@ -329,6 +331,7 @@ class SeatWorker:
                 self.loaded = await self.loop.run_in_executor(self.mlx, self.load)
             except Exception as exc:
                 log.error("model_load_failed", model=self.seat.model, error=str(exc))
+                exitcodes.record_reason(str(exc) or type(exc).__name__)
                 return exitcodes.MODEL_LOAD
             log.info("worker_ready", context_length=self.loaded.context_length,
                      tokenizer_hash=self.loaded.tokenizer_hash[:16])
@@ -357,9 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         seat = config.seat_by_name(args.seat)
     except (ConfigError, KeyError) as exc:
         log.error("config_error", error=str(exc))
+        exitcodes.record_reason(str(exc))
         return exitcodes.CONFIG
     if seat.kind != "mlx":
         log.error("config_error", error=f"seat {seat.name} is not a local seat")
+        exitcodes.record_reason(f"seat {seat.name} is not a local seat")
         return exitcodes.CONFIG
     code = asyncio.run(SeatWorker(config, seat).run())
     # The MLX thread may still be inside a step; do not wait for it on the way out.
