@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,11 +38,17 @@ def ensure_worker_blas() -> None:
     os.execve(sys.executable, [sys.executable, "-m", "sanctum.cli", *sys.argv[1:]], env)
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sanctum.bench.comparisons import COMPARISONS, Options
     from sanctum.bench.results import save_run
 
     ensure_worker_blas()
+    # A TERM unwinds like Ctrl-C, so every server this run started is stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
     opts = Options(model=args.model, drafter=args.drafter, rounds=args.rounds,
                    warmup=args.warmup, tokens=args.tokens, seed=args.seed,
                    temperature=args.temperature, requests=args.requests,

@@ -197,7 +197,7 @@ def plot_run(run: Run, path: Path) -> bool:
     for ax, f in zip(axes[0], figs, strict=True):
         names = [w for w in run.workloads if pair_ratios(run.samples, f, arm, base, w)]
         data = [pair_ratios(run.samples, f, arm, base, w) for w in names]
-        ax.boxplot(data, vert=False, tick_labels=names, showfliers=True)
+        ax.boxplot(data, orientation="horizontal", tick_labels=names, showfliers=True)
         ax.axvline(1.0, color="grey", lw=1, ls="--")
         ax.set_title(f"{f}: {arm} / {base}", fontsize=9)
         ax.set_xlabel("speed ratio (>1: faster)", fontsize=8)

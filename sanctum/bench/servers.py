@@ -181,7 +181,8 @@ def mlx_lm_server(model_dir: str, port: int, draft: str | None = None,
         proc = start("mlx_lm.server", argv, wd, worker_env(dict(os.environ)))
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_until(proc, lambda: bool(get_json(url + "/v1/models")), timeout)
+            # /health, not /v1/models: the latter scans a Hugging Face cache that may not exist.
+            wait_until(proc, lambda: bool(get_json(url + "/health")), timeout)
             yield url
         finally:
             proc.stop()

@@ -1,0 +1,89 @@
+"""The benchmark report: ratios from interleaved runs only; missing features said plainly."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from sanctum.bench.arms import decode_figures
+from sanctum.bench.report import render, write_report
+from sanctum.bench.results import ArmInfo, Run, load_run, save_run
+from sanctum.bench.runner import run_schedule
+from sanctum.bench.schedule import make_schedule
+
+
+def make_run(comparison: str = "stack", a_tps: float = 100.0, b_tps: float = 50.0) -> Run:
+    slots = make_schedule(["sanctum", "in-process"], ["code-short"], 4, 1, seed=2)
+    clock = itertools.count(0.0)
+    arms = {"sanctum": lambda w: {"decode_tps": a_tps, "e2e_s": 1.0, "ttft_s": 0.1},
+            "in-process": lambda w: {"decode_tps": b_tps, "e2e_s": 2.0, "ttft_s": 0.1}}
+    samples = run_schedule(slots, arms, run_id="abc", clock=lambda: next(clock),
+                           loadavg=lambda: 0.5)
+    return Run("abc", comparison, "t", "in-process",
+               [ArmInfo("sanctum", "ours"), ArmInfo("in-process", "theirs")],
+               {"code-short": "short"}, 4, 1, 2, {"date": "d", "cores": "2", "model": "m"},
+               samples)
+
+
+def no_plot(run: Run, path: Path) -> bool:
+    return False
+
+
+def test_interleaved_run_reports_per_pair_ratios() -> None:
+    """An interleaved run shows its speed ratio against the goal."""
+    text = render({"stack": make_run()}, None, plot=no_plot)
+    assert "end-to-end speed, all workloads | **2.00x** [2.00–2.00], n=3 | ≥ 0.95x" in text
+    assert "| 4. Speculative against plain decoding | - | not run yet | - |" in text
+
+
+def test_sequential_run_is_refused_not_reported() -> None:
+    """A run whose arms did not alternate is shown as refused, with no ratio."""
+    run = make_run()
+    order = sorted(run.samples, key=lambda s: (s.arm, s.seq))
+    redone = [msgspec.structs.replace(s, seq=i, started=float(2 * i), ended=float(2 * i + 1))
+              for i, s in enumerate(order)]
+    text = render({"stack": msgspec.structs.replace(run, samples=redone)}, None, plot=no_plot)
+    assert "**Refused:** the arms were not interleaved" in text
+    assert "refused: not interleaved" in text
+    assert "2.00x" not in text
+
+
+def test_not_measurable_comparisons_say_so() -> None:
+    run = Run("x", "cache", "t", "", [], {}, 0, 0, 0, {}, [], not_measurable="no cache yet")
+    text = render({"cache": run}, None, plot=no_plot)
+    assert "**Not yet measurable:** no cache yet." in text
+    assert "| 5. Prompt cache on against off | - | not yet measurable | - |" in text
+
+
+def test_results_round_trip_and_write_report(tmp_path: Path) -> None:
+    """Stored results render to the same report; plots land beside the document."""
+    run = make_run()
+    save_run(run, tmp_path / "results" / "stack.json")
+    assert load_run(tmp_path / "results" / "stack.json") == run
+    doc = write_report(tmp_path / "results", tmp_path / "docs" / "BENCHMARKS.md")
+    text = doc.read_text()
+    assert "**2.00x**" in text
+    pytest.importorskip("matplotlib")
+    assert (tmp_path / "docs" / "bench" / "stack.png").exists()
+    assert "![stack](bench/stack.png)" in text
+
+
+@pytest.mark.parametrize(("times", "tokens", "expected_tps"), [
+    ([1.0, 2.0, 3.0], 3, 1.0),    # 2 tokens after the first, in 2 s
+    ([1.0, 1.5], 11, 20.0),       # pieces may carry several tokens: usage counts them
+    ([1.0], 1, None),             # one token: no decode rate
+])
+def test_decode_figures(times: list[float], tokens: int, expected_tps: float | None) -> None:
+    """TTFT from the first text, decode rate from first to last text, e2e to the end."""
+    f = decode_figures(0.5, times, 4.0, tokens, 7)
+    assert f["ttft_s"] == pytest.approx(times[0] - 0.5)
+    assert f["e2e_s"] == pytest.approx(3.5)
+    assert f.get("decode_tps") == (pytest.approx(expected_tps) if expected_tps else None)
+
+
+def test_an_answer_without_text_is_an_error() -> None:
+    with pytest.raises(RuntimeError):
+        decode_figures(0.0, [], 1.0, 0, 1)
