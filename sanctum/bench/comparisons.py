@@ -78,8 +78,16 @@ def machine(model: str) -> dict[str, str]:
         "openai": version("openai"),
         "sanctum": version("sanctum"),
         "blas": loaded_blas(),
-        "model": model,
+        "model": model_label(model),
     }
+
+
+def model_label(spec: str) -> str:
+    """How a model is named in results: a builtin by name, a directory by its last part
+    (results are published; a machine's absolute paths are not)."""
+    if spec.startswith("builtin:") or "/" not in spec:
+        return spec
+    return f"{Path(spec).expanduser().name} (a local model directory)"
 
 
 def _cpu_name() -> str:

@@ -88,6 +88,32 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
     return out
 
 
+def added_headline(run: Run) -> list[tuple[str, str]]:
+    """Proxy comparison: added latency per request and per streamed token, p50."""
+    arm, base = _other(run), run.baseline
+    out = []
+    for w, fig, what in (("latency", "latency_p50_s", "added latency per request, p50"),
+                         ("stream", "per_token_p50_s", "added latency per streamed token, p50")):
+        d = pair_differences(run.samples, fig, arm, base, w)
+        if d:
+            out.append((what, fmt_summary(summarize(d), "s")))
+    return out
+
+
+def _tokens_note(run: Run) -> list[str]:
+    """Arms that generated different numbers of tokens are not comparable end to end."""
+    arm, base = _other(run), run.baseline
+    notes = []
+    for w in run.workloads:
+        a = figure_values(run.samples, "completion_tokens", arm, w)
+        b = figure_values(run.samples, "completion_tokens", base, w)
+        if a and b and summarize(a).median != summarize(b).median:
+            notes.append(f"{w}: the arms generated different numbers of tokens "
+                         f"(median {summarize(a).median:g} against {summarize(b).median:g}); "
+                         "compare its decode rate, not its end-to-end time")
+    return notes
+
+
 def _table(run: Run, warnings: list[str]) -> list[str]:
     arm, base = _other(run), run.baseline
     lines = [f"| workload | figure | {arm} | {base} | speed ratio {arm}/{base} |",
@@ -148,7 +174,7 @@ def section(run: Run, plot: str | None) -> list[str]:
     lines.append("")
     lines += [f"- {n}" for n in run.notes]
     for name, desc in run.workloads.items():
-        lines.append(f"- workload `{name}`: {desc}")
+        lines.append(f"- workload `{name}`: {desc.replace(' (0 prompt tokens)', '')}")
     lo, hi = load_range(run.samples)
     lines += [f"- 1-minute load average during the measured slots: {lo:.2f}–{hi:.2f} "
               f"({m.get('cores', '?')} cores)", ""]
@@ -157,6 +183,7 @@ def section(run: Run, plot: str | None) -> list[str]:
     if cores and hi > cores:
         warnings.append(f"load average reached {hi:.2f} on {cores:g} cores: others were "
                         "busy; only the per-pair ratios are meaningful")
+    warnings += _tokens_note(run)
     errors = [s for s in run.samples if s.error]
     if errors:
         warnings.append(f"{len(errors)} slots failed and were left out "
@@ -262,6 +289,9 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
         for what, s, goal in heads:
             summary.append(f"| {SECTION[name]} | {what} | {fmt_ratio(s)} | "
                            f"{f'≥ {goal:g}x' if goal else '-'} |")
+        if name == "proxy":
+            for what, text in added_headline(run):
+                summary.append(f"| {SECTION[name]} | {what} | {text} | - |")
     return "\n".join([*lines, *summary, "", *body]).rstrip() + "\n"
 
 
