@@ -42,6 +42,15 @@ class State(StrEnum):
 ALIVE = (State.STARTING, State.READY, State.BUSY)
 
 
+# After its drain a stopping worker gets this long to exit on its own, then KILL.
+KILL_GRACE_S = 2.0
+
+
+def stop_deadline(drain_s: float) -> float:
+    """Seconds from SIGTERM to SIGKILL for a worker: its drain, then the grace."""
+    return drain_s + KILL_GRACE_S
+
+
 @dataclass(frozen=True)
 class Policy:
     max_crashes: int = 5

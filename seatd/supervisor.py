@@ -32,6 +32,7 @@ import zmq.asyncio
 from seatd import blas, health, ledger
 from seatd.states import (
     ALIVE,
+    KILL_GRACE_S,
     Action,
     Event,
     Exited,
@@ -48,6 +49,7 @@ from seatd.states import (
     StopRequested,
     Terminate,
     Tick,
+    stop_deadline,
     transition,
 )
 from shared import exitcodes, protocol
@@ -66,8 +68,6 @@ log = structlog.get_logger()
 # first pong, allow this long before calling it lost.
 FIRST_PONG_S = 60.0
 LOOP_S = 0.1
-# After the drain deadline a worker gets this long to exit on its own, then KILL.
-KILL_GRACE_S = 2.0
 
 
 @dataclass
@@ -91,8 +91,10 @@ class Seat:
 
 def policy_for(config: Config) -> Policy:
     s = config.seatd
+    # `fatal_cooldown_s` is optional in the config schema: absent means FATAL stays
+    # down until `sanctum restart`.
     return Policy(s.max_crashes, s.crash_window_s, s.backoff_initial_s, s.backoff_max_s,
-                  getattr(s, "fatal_cooldown_s", None), s.drain_s + KILL_GRACE_S)
+                  getattr(s, "fatal_cooldown_s", None), stop_deadline(s.drain_s))
 
 
 class Supervisor:
