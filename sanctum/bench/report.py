@@ -295,10 +295,34 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
     return "\n".join([*lines, *summary, "", *body]).rstrip() + "\n"
 
 
+def load_section(data: dict[str, object]) -> list[str]:
+    """The load test: requests served, errors, p99, and whether overload was answered."""
+    def ms(x: object) -> str:
+        return fmt(float(x), "s") if isinstance(x, int | float) else "-"
+
+    return [
+        "## Load test", "",
+        f"{data['clients']} concurrent clients for {data['seconds']} s against `sanctum up` "
+        f"(loopback), {data['tokens']} new tokens per request.", "",
+        "| requests | served | served/s | errors | overload answers (429/503) | "
+        "without Retry-After | hangs | p50 | p99 |",
+        "|---|---|---|---|---|---|---|---|---|",
+        f"| {data['requests']} | {data['served']} | {float(data['served_per_s']):.3g} "  # type: ignore[arg-type]
+        f"| {data['errors'] or 0} | {data['overload_answers']} | "
+        f"{data['overload_without_retry_after']} | {data['hangs']} | {ms(data['p50_s'])} | "
+        f"{ms(data['p99_s'])} |", ""]
+
+
 def write_report(results: Path, doc: Path) -> Path:
-    runs = {p.stem: load_run(p) for p in sorted(results.glob("*.json"))}
+    import json
+
+    runs = {p.stem: load_run(p) for p in sorted(results.glob("*.json")) if p.stem != "load"}
     plot_dir = doc.parent / "bench"
     rel = os.path.relpath(plot_dir, doc.parent)
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(render(runs, plot_dir, rel=rel))
+    text = render(runs, plot_dir, rel=rel)
+    load = results / "load.json"
+    if load.exists():
+        text += "\n" + "\n".join(load_section(json.loads(load.read_text())))
+    doc.write_text(text)
     return doc
