@@ -83,3 +83,13 @@ def test_heldout_rule_matches_the_demo_corpus() -> None:
              *(f"pkg/mod{i}.py" for i in range(200))]
     assert [is_heldout(n) for n in names] == [corpus.is_heldout(n) for n in names]
     assert any(is_heldout(n) for n in names)
+
+
+def test_salted_requests_differ_per_call_but_keep_the_body() -> None:
+    """The k-th request of a workload gets its own first line; the rest is unchanged."""
+    files = [(f"m{i}.py", SOURCE * 6) for i in range(3)]
+    ws = {w.name: w for w in build_workloads(files, words, 4000, long_target=600)}
+    a, b = ws["code-short"].salted(1), ws["code-short"].salted(2)
+    assert a.prompt != b.prompt and a.prompt.endswith(ws["code-short"].prompt)
+    chat = ws["doc2body"].salted(3)
+    assert chat.messages[0][1] == "# request 3\n" + ws["doc2body"].messages[0][1]

@@ -16,6 +16,7 @@ import json
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,13 @@ class OpenAIArm:
         self.workloads = workloads
         self.seed = seed
         self.last_headers: dict[str, str] = {}
+        self.calls: Counter[str] = Counter()
 
     def __call__(self, name: str) -> dict[str, float]:
+        self.calls[name] += 1
         w = self.workloads[name]
+        if not w.history:  # a conversation is meant to be cached; anything else is not
+            w = w.salted(self.calls[name])
         temp = self.temperature if w.temperature is None else w.temperature
         if w.history:
             # The earlier turns, untimed: what a prompt cache could keep.
@@ -107,6 +112,7 @@ class InProcessArm:
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.workloads = workloads
+        self.calls: Counter[str] = Counter()
 
     def tokens(self, w: Workload) -> list[int]:
         tok = self.loaded.tokenizer
@@ -121,7 +127,8 @@ class InProcessArm:
         from mlx_lm.generate import generate_step
         from mlx_lm.sample_utils import make_sampler
 
-        w = self.workloads[name]
+        self.calls[name] += 1
+        w = self.workloads[name].salted(self.calls[name])
         tok = self.loaded.tokenizer
         t0 = time.perf_counter()
         prompt = self.tokens(w)

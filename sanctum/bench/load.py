@@ -114,7 +114,10 @@ def load_test(args: argparse.Namespace) -> int:
         if url is None:
             path = model_path(args.model)
             port = servers.free_port()
-            config = servers.sanctum_config(port, [("bench", str(path), 4096, "")])
+            ctx = json.loads((path / "config.json").read_text()).get(
+                "max_position_embeddings", 2048)
+            cap = max(256, min(4096, int(ctx) - args.tokens - 64))
+            config = servers.sanctum_config(port, [("bench", str(path), cap, "")])
             url = stack.enter_context(servers.sanctum_up(config, ("bench",), port))
         check_bounds(url, args.clients, args.seconds)
         t0 = time.perf_counter()

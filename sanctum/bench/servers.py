@@ -196,7 +196,9 @@ def null_stack(model: str, port: int, timeout: float = 60) -> Iterator[tuple[str
         state.mkdir()
         endpoint = f"ipc://{state / 'seat-null.sock'}"
         config = wd / "sanctum.toml"
-        config.write_text(sanctum_config(port, [("null", model, 1 << 20, "")]))
+        # The config names a real model (the proxy reads its tokenizer and context
+        # length); the null seat itself loads nothing.  The cap stays below the context.
+        config.write_text(sanctum_config(port, [("null", model, 1024, "")]))
         env = dict(os.environ, SANCTUM_STATE_DIR=str(state))
         seat = start("null-seat", [sys.executable, "-m", "sanctum.bench.null_seat",
                                    "--endpoint", endpoint], wd, env)

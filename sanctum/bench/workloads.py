@@ -16,6 +16,7 @@ Workloads (building them is pure: files and a token counter in, prompts out):
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import sysconfig
 import textwrap
@@ -42,6 +43,19 @@ class Workload:
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.messages]
+
+    def salted(self, k: int) -> Workload:
+        """The k-th request of this workload, with a short distinct first line.
+
+        A server with a prompt cache (mlx_lm.server has one) would otherwise serve a
+        repeated prompt from its cache and time something else.  Both arms' k-th
+        requests get the same salt, so a pair still compares equal prompts.
+        """
+        salt = f"# request {k}\n"
+        if self.kind == "chat":
+            (role, content), *rest = self.messages
+            return dataclasses.replace(self, messages=((role, salt + content), *rest))
+        return dataclasses.replace(self, prompt=salt + self.prompt)
 
 
 def is_heldout(relpath: str) -> bool:
