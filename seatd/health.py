@@ -36,7 +36,7 @@ class Watch:
 
 def progress(watch: Watch, in_flight: tuple[str, ...], tokens: int, now: float,
              limits: Limits) -> tuple[Watch, str | None]:
-    """Update the watch from a pong (or from the clock, with the last pong's values)."""
+    """Update the watch from a fresh pong; a reason when the request has stalled."""
     request = in_flight[0] if in_flight else None
     if request is None:
         return Watch(None, tokens, now), None

@@ -68,6 +68,9 @@ log = structlog.get_logger()
 # first pong, allow this long before calling it lost.
 FIRST_PONG_S = 60.0
 LOOP_S = 0.1
+# The worker module to run, for tests that need a worker with an injected fault
+# (a decode thread that hangs); unset in production.
+WORKER_MODULE_ENV = "SANCTUM_WORKER_MODULE"
 
 
 @dataclass
@@ -155,7 +158,8 @@ class Supervisor:
     def spawn(self, seat: Seat) -> None:
         assert seat.reason_file is not None
         # The worker is bound to us before it imports anything heavy (lifecycle.py).
-        cmd = [sys.executable, "-m", "shared.lifecycle", "seatd.worker", "--seat", seat.name]
+        module = os.environ.get(WORKER_MODULE_ENV) or "seatd.worker"
+        cmd = [sys.executable, "-m", "shared.lifecycle", module, "--seat", seat.name]
         if self.config_path is not None:
             cmd += ["--config", self.config_path]
         env = blas.worker_env(dict(os.environ))
@@ -208,6 +212,8 @@ class Supervisor:
                 seat.incarnation = reply.incarnation
                 seat.pong = reply
                 self.feed(seat, Heard(reply.ready, reply.busy))
+                if seat.state.state in (State.READY, State.BUSY):
+                    self.check_progress(seat, seat.heard_at)
 
     def limits(self, seat: Seat) -> health.Limits:
         return health.Limits(seat.config.first_token_timeout_s, seat.config.stall_timeout_s)
@@ -224,8 +230,6 @@ class Supervisor:
         if seat.state.state in ALIVE and seat.proc is not None:
             self.check_liveness(seat, now)
         if seat.state.state in (State.READY, State.BUSY) and seat.proc is not None:
-            self.check_progress(seat, now)
-        if seat.state.state in (State.READY, State.BUSY) and seat.proc is not None:
             self.check_memory(seat, now)
         self.feed(seat, Tick())
 
@@ -238,6 +242,8 @@ class Supervisor:
             self.feed(seat, Lost(f"no heartbeat for {now - seat.heard_at:.1f}s"))
 
     def check_progress(self, seat: Seat, now: float) -> None:
+        # Judged on each fresh pong only: between pongs the token count is unknown,
+        # not unmoved.  A worker that stops ponging is caught by liveness instead.
         if seat.pong is None:
             return
         seat.watch, stalled = health.progress(seat.watch, seat.pong.in_flight,

@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -80,6 +82,12 @@ def control(s: Sanctum, message: Any) -> Any:
             del os.environ["SANCTUM_STATE_DIR"]
         else:
             os.environ["SANCTUM_STATE_DIR"] = old
+
+
+def cli(s: Sanctum, *args: str) -> subprocess.CompletedProcess[str]:
+    """The operator's `sanctum` command against this instance."""
+    return subprocess.run([sys.executable, "-m", "sanctum.cli", *args, "--config", str(s.config)],
+                          env=s.env, capture_output=True, text=True, timeout=60)
 
 
 def status(s: Sanctum) -> dict[str, protocol.SeatStatus]:
@@ -175,6 +183,12 @@ def test_missing_model_is_fatal_with_its_reason(trio: tuple[Sanctum, float]) -> 
         assert code == 200 and headers["X-Sanctum-Seat"] == route
     code, _, body = ask(s, "broken", 4)
     assert code == 503, body
+    shown = cli(s, "status")
+    assert shown.returncode == 0, shown.stderr
+    line = next(row for row in shown.stdout.splitlines() if row.startswith("broken "))
+    assert "FATAL" in line and f"{MISSING} does not exist" in line, shown.stdout
+    a_line = next(row for row in shown.stdout.splitlines() if row.startswith("a "))
+    assert "READY" in a_line or "BUSY" in a_line
 
 
 def test_restart_command_retries_a_fatal_seat(trio: tuple[Sanctum, float]) -> None:
@@ -183,14 +197,14 @@ def test_restart_command_retries_a_fatal_seat(trio: tuple[Sanctum, float]) -> No
     wait_for("broken FATAL", lambda: status(s)["broken"].state == "FATAL", 30, s)
     before = status(s)["broken"].restarts
     asked = time.monotonic()
-    reply = control(s, protocol.RestartSeat("broken"))
-    assert isinstance(reply, protocol.ControlOk)
+    done = cli(s, "restart", "broken")
+    assert done.returncode == 0 and "restarting broken" in done.stdout, done.stderr
     wait_for("broken FATAL again", lambda: status(s)["broken"].state == "FATAL"
              and status(s)["broken"].restarts == before + 1, 30, s)
     measured("restart of a missing-model seat -> FATAL again", time.monotonic() - asked)
     assert "does not exist" in (status(s)["broken"].last_exit or "")
-    reply = control(s, protocol.RestartSeat("nobody"))
-    assert isinstance(reply, protocol.ControlError)
+    done = cli(s, "restart", "nobody")
+    assert done.returncode == 1 and "no local seat named 'nobody'" in done.stderr
 
 
 def test_sigkill_mid_request_falls_back_and_served_continues(
@@ -355,3 +369,38 @@ def test_memory_budget_recycles_after_draining_then_gives_up() -> None:
     assert row.last_exit is not None and "over budget 1 MB" in row.last_exit, row.last_exit
     assert "drained and exit:0" in row.last_exit
     assert counted["memory_restarts"] == 2 and row.restarts == 1
+
+
+def test_hung_decode_thread_is_a_stalled_seat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tokens stop moving while pongs go on: killed after its stall limit, then restarted."""
+    from tests.fakes import stalling_worker
+
+    monkeypatch.setenv("SANCTUM_WORKER_MODULE", "tests.fakes.stalling_worker")
+    port = free_port()
+    stall_s = 2.0
+    s = Sanctum(config_text(port, [("demo", MODEL, f"stall_timeout_s = {stall_s}")],
+                            {"demo": ["demo"]}), port=port)
+    try:
+        s.wait_ready()
+        old = status(s)["demo"]
+        assert old.pid is not None
+        began = time.monotonic()
+        job = Background(lambda: ask(s, "demo", 1500, timeout=60))
+        wait_for("stalled seat killed", lambda: status(s)["demo"].pid != old.pid,
+                 stalling_worker.STALL_AFTER_S + stall_s + 30, s)
+        took = time.monotonic() - began
+        measured(f"request start -> hung seat killed (hangs at ~{stalling_worker.STALL_AFTER_S}s,"
+                 f" stall limit {stall_s:g}s)", took)
+        assert took > stall_s, "killed before its stall limit could have passed"
+        row = status(s)["demo"]
+        assert row.last_exit is not None and "stalled: no token for" in row.last_exit
+        assert f"limit {stall_s:g}s" in row.last_exit, row.last_exit
+        assert_gone({old.pid}, timeout=10)
+        code, _, body = job.get(timeout=60)
+        assert code >= 500 and b"demo=failed:" in body, body
+        wait_for("restarted", ready_with_new_pid(s, "demo", old.pid), 60, s)
+        s.remember_tree()
+    except BaseException:
+        s.kill_everything()
+        raise
+    assert s.stop() == 0
