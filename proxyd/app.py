@@ -20,6 +20,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from proxyd import breaker, responses
+from proxyd.admission import Admission, Verdict
 from proxyd.breaker import Breaker, BreakerPolicy
 from proxyd.counters import ProxyCounters, render_metrics
 from proxyd.ladder import (
@@ -27,20 +28,23 @@ from proxyd.ladder import (
     Skipped,
     Step,
     attempts_header,
+    context_refusal,
     decide,
+    fallback_reason,
     offbox_allowed,
     outcome_label,
     plan,
 )
-from proxyd.openai_api import parse_chat, parse_completion
+from proxyd.openai_api import parse_chat, parse_completion, tools_json
 from proxyd.responses import Answer, Kind
-from proxyd.hosted import HostedClient
+from proxyd.hosted import HostedClient, Retry
 from proxyd.seat_client import SeatClient
 from shared.config import Config, RouteConfig, worker_endpoint
 from shared.errors import (
     AllRungsFailed,
     NoPrivateSeat,
     NotFound,
+    PromptTooLong,
     SanctumError,
     Unauthorized,
     client_error,
@@ -60,6 +64,7 @@ class Proxy:
         self.seats = {s.name: s for s in config.seat}
         self.routes = {r.model: r for r in config.route}
         self.counters = ProxyCounters()
+        self.admission = Admission(config)
         self.clients: dict[str, SeatClient | HostedClient] = {}
         self.breakers: dict[str, Breaker] = {s.name: Breaker() for s in config.seat}
         self.breaker_policy = BreakerPolicy(config.proxy.breaker_threshold,
@@ -70,6 +75,7 @@ class Proxy:
         self.api_keys = {k.strip() for k in raw.split(",") if k.strip()}
 
     async def start(self) -> None:
+        await self.admission.start()
         self.ctx = zmq.asyncio.Context()
         p = self.config.proxy
         for seat in self.config.local_seats:
@@ -95,6 +101,7 @@ class Proxy:
                                              self.breaker_policy)
 
     async def stop(self) -> None:
+        await self.admission.stop()
         await asyncio.gather(*(c.close() for c in self.clients.values()))
         if self.ctx is not None:
             self.ctx.term()
@@ -185,9 +192,18 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
         if not isinstance(outcome, Skipped):
             proxy.settle(seat, outcome)
 
+    memo: dict[Any, int] = {}
+    over_cap: list[tuple[str, Verdict]] = []
     for name in ladder.rungs:
         seat_cfg = proxy.seats[name]
         client = proxy.clients[name]
+        pong = client.pong if isinstance(client, SeatClient) else None
+        verdict = await proxy.admission.judge(seat_cfg, gen, memo,
+                                              pong.max_prompt_tokens if pong else 0)
+        if not verdict.admitted:
+            over_cap.append((name, verdict))
+            record(name, Skipped("over_cap"))
+            continue
         if not proxy.admit(name):
             record(name, Skipped("circuit_open"))
             continue
@@ -216,6 +232,11 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                         record(name, Failed("client_disconnected"))
                         return response
                     continue
+                if isinstance(frame, Retry):
+                    # A hosted rung tries again: the failed try is listed, never served.
+                    attempts.append((name, frame.outcome))
+                    counters.inc("attempts", name, "failed")
+                    continue
                 assert isinstance(frame, Final)
                 outcome = frame.outcome
                 record(name, outcome)
@@ -224,11 +245,17 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                 log.info("attempt", request_id=rid, seat=name, outcome=outcome_label(outcome),
                          phase=phase.value, step=step.value)
                 if step is Step.NEXT_RUNG:
-                    assert isinstance(outcome, Failed)
-                    counters.inc("fallbacks", outcome.reason)
+                    counters.inc("fallbacks", fallback_reason(outcome))
                     break
                 if step is Step.RETURN_ERROR:
                     assert isinstance(outcome, Rejected)
+                    if outcome.status == 413 and verdict.tokens is not None:
+                        # We admitted what the seat refused: the layers disagree.
+                        counters.inc("cap_disagreements")
+                        log.error("cap_disagreement", seat=name, proxy_tokens=verdict.tokens,
+                                  proxy_cap=verdict.cap,
+                                  seat_tokens=outcome.extra.get("prompt_tokens"),
+                                  seat_cap=outcome.extra.get("cap"))
                     raise client_error(outcome.status, outcome.code, outcome.message,
                                        attempts=attempts_header(attempts), **outcome.extra)
                 if step is Step.ABORT_STREAM:
@@ -246,6 +273,7 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                 counters.inc("answered_by", name)
                 answer.served = frame.served
                 answer.speculation = frame.speculation
+                answer.upstream_model = frame.model
                 answer.attempts = attempts_header(attempts)
                 usage = responses.usage_body(frame.usage.prompt_tokens,
                                              frame.usage.completion_tokens,
@@ -265,6 +293,22 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                 return response
     # Every allowed rung failed or was skipped; nothing was sent.
     header = attempts_header(attempts)
+    refused = context_refusal(attempts)
+    if refused is not None:
+        # No later rung could take it: the prompt is the client's to shorten.
+        raise client_error(refused.status, refused.code, refused.message, attempts=header,
+                           **refused.extra)
+    if over_cap and len(over_cap) == len(attempts):
+        # No rung this request may use can hold the prompt: deterministic, a 413.
+        name, biggest = max(over_cap, key=lambda nv: nv[1].cap or 0)
+        counters.inc("over_cap")
+        counters.refused(biggest.tokens or 0)
+        raise PromptTooLong(
+            f"prompt has {biggest.tokens} tokens; the largest allowed seat ({name}) admits "
+            f"at most {biggest.cap} (its cap {biggest.seat_cap} less a margin of "
+            f"{biggest.margin})",
+            prompt_tokens=biggest.tokens, cap=biggest.cap, margin=biggest.margin, seat=name,
+            limit="proxy_cap", attempts=header)
     if ladder.filtered_offbox:
         counters.inc("offbox_blocked")
         raise NoPrivateSeat(
@@ -304,7 +348,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     rid = request["request_id"] = request_id(request)
     req, messages, params = parse_chat(await request.read())
     route = _route(proxy, req.model)
-    gen = Generate(rid, req.stream, params, messages=messages)
+    gen = Generate(rid, req.stream, params, messages=messages, tools_json=tools_json(req))
     usage = bool(req.stream_options and req.stream_options.include_usage)
     return await serve(request, "chat", route, gen, usage)
 

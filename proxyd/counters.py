@@ -14,6 +14,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shared.caps import summarise
+
+REFUSED_SAMPLE = 512
+
 PLAIN = ("requests", "offbox_blocked", "over_cap", "midstream_aborts", "client_disconnects",
          "bad_requests", "cap_disagreements")
 # name -> label names
@@ -28,6 +32,11 @@ class ProxyCounters:
     def __init__(self) -> None:
         self.plain: dict[str, int] = dict.fromkeys(PLAIN, 0)
         self.labelled: dict[str, dict[tuple[str, ...], int]] = {k: {} for k in LABELLED}
+        self.refused_sample: list[int] = []
+
+    def refused(self, prompt_tokens: int) -> None:
+        """Remember an over-cap prompt's length, for the median beside `over_cap`."""
+        self.refused_sample = [*self.refused_sample[-(REFUSED_SAMPLE - 1):], prompt_tokens]
 
     def inc(self, name: str, *labels: str, n: int = 1) -> None:
         if name in self.plain:
@@ -44,6 +53,8 @@ class ProxyCounters:
         for (seat, outcome), v in self.labelled["attempts"].items():
             attempts.setdefault(seat, {})[outcome] = v
         out["attempts"] = attempts
+        r = summarise(self.plain["over_cap"], self.refused_sample)
+        out["over_cap_prompts"] = {"count": r.count, "median": r.median, "max": r.max}
         return out
 
 

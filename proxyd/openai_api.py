@@ -6,7 +6,8 @@ wrong type or an out-of-range value is a 400 that names the field.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, TypeVar
+import json
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -54,6 +55,8 @@ class _Common(msgspec.Struct, frozen=True):
 
 class ChatRequest(_Common, frozen=True):
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)] = []
+    # Rendered by the model's chat template (and so counted against the cap).
+    tools: list[dict[str, Any]] | None = None
 
 
 class CompletionRequest(_Common, frozen=True):
@@ -115,6 +118,10 @@ def _content(message: Message) -> str:
                              param="messages")
         texts.append(part.text)
     return "".join(texts)
+
+
+def tools_json(req: ChatRequest) -> str | None:
+    return json.dumps(req.tools, ensure_ascii=False) if req.tools else None
 
 
 def parse_chat(body: bytes) -> tuple[ChatRequest, tuple[ChatMessage, ...], SamplingParams]:

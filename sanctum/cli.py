@@ -49,6 +49,7 @@ def cmd_seatd(args: argparse.Namespace) -> int:
     setup_logging("seatd")
     die_with_parent()
     config = _load(args)
+    preflight(config)
     return asyncio.run(Supervisor(config, args.config).run())
 
 
@@ -60,12 +61,13 @@ def cmd_proxyd(args: argparse.Namespace) -> int:
     setup_logging("proxyd")
     die_with_parent()
     config = _load(args)
+    preflight(config)
     return asyncio.run(run_proxy(config))
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Run seatd and proxyd as children; a signal to us stops both, in order."""
-    _load(args)  # fail here, before any child starts, on a bad config
+    preflight(_load(args))  # fail here, before any child starts, on a bad config
     base = [sys.executable, "-m", "sanctum.cli"]
     extra = ["--config", args.config] if args.config else []
     env = dict(os.environ, SANCTUM_PARENT_PID=str(os.getpid()))
@@ -194,15 +196,22 @@ def cmd_counters(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    config = _load(args)
-    margin = config.proxy.tokenizer_margin
-    print(f"{'layer':<8}{'seat':<16}{'kind':<8}{'cap':>9}{'margin':>8}  note")
-    for seat in config.seat:
-        proxy_cap = seat.max_prompt_tokens - margin
-        print(f"{'proxy':<8}{seat.name:<16}{seat.kind:<8}{proxy_cap:>9}{margin:>8}  admits <= cap - margin")
-        print(f"{'seat':<8}{seat.name:<16}{seat.kind:<8}{seat.max_prompt_tokens:>9}{'':>8}  max_prompt_tokens")
-    print("config ok")
-    return 0
+    from shared.capcheck import check_path, render
+
+    report = check_path(_load(args))
+    print(render(report))
+    return 1 if report.errors else 0
+
+
+def preflight(config: Config) -> None:
+    """Both daemons refuse to start on a config whose caps disagree."""
+    from shared.capcheck import check_path
+
+    report = check_path(config)
+    if report.errors:
+        for error in report.errors:
+            print(f"sanctum: {error}", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def cmd_models(args: argparse.Namespace) -> int:

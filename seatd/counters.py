@@ -15,6 +15,8 @@ from typing import Any
 
 import structlog
 
+from shared.caps import summarise
+
 log = structlog.get_logger()
 
 # Plain totals and labelled totals (DESIGN.md, "Seat counters").
@@ -33,6 +35,8 @@ PLAIN = (
     "bad_frames",
 )
 LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens")
+# Prompt lengths of refused (413) prompts kept for the median; the count is exact.
+REFUSED_SAMPLE = 512
 # Counted per lane as well as in total.
 PER_LANE = ("served", "prompt_tokens", "completion_tokens", "accelerated", "declined")
 
@@ -44,6 +48,7 @@ class SeatCounters:
         self.totals: dict[str, int] = dict.fromkeys(PLAIN, 0)
         self.labelled: dict[str, dict[str, int]] = {name: {} for name in LABELLED}
         self.lanes: dict[str, dict[str, Any]] = {}
+        self.refused_sample: list[int] = []
         self.incarnation = 1
         self.started_at = time.time()
         self._load()
@@ -62,6 +67,7 @@ class SeatCounters:
         for name in LABELLED:
             self.labelled[name] = {str(k): int(v) for k, v in saved.get(name, {}).items()}
         self.lanes = saved.get("lanes", {})
+        self.refused_sample = [int(n) for n in saved.get("refused_sample", [])][-REFUSED_SAMPLE:]
         self.incarnation = int(saved.get("incarnation", 0)) + 1
 
     def inc(self, name: str, n: int = 1, *, label: str | None = None,
@@ -79,6 +85,10 @@ class SeatCounters:
                 sub = per.setdefault(name, {})
                 sub[label] = sub.get(label, 0) + n
 
+    def refused(self, prompt_tokens: int) -> None:
+        """Remember the length of a prompt refused as too long (beside rejected{413})."""
+        self.refused_sample = [*self.refused_sample[-(REFUSED_SAMPLE - 1):], prompt_tokens]
+
     @property
     def served(self) -> int:
         return self.totals["served"]
@@ -87,6 +97,8 @@ class SeatCounters:
         out: dict[str, Any] = dict(self.totals)
         out.update({name: dict(v) for name, v in self.labelled.items()})
         out["lanes"] = json.loads(json.dumps(self.lanes))
+        r = summarise(self.labelled["rejected"].get("413", 0), self.refused_sample)
+        out["refused_prompts"] = {"count": r.count, "median": r.median, "max": r.max}
         out["incarnation"] = self.incarnation
         out["started_at"] = self.started_at
         return out
@@ -95,5 +107,5 @@ class SeatCounters:
         if self.path is None:
             return
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.snapshot()))
+        tmp.write_text(json.dumps({**self.snapshot(), "refused_sample": self.refused_sample}))
         os.replace(tmp, self.path)

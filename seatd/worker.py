@@ -26,10 +26,10 @@ import zmq
 import zmq.asyncio
 
 from seatd import blas
-from shared import lifecycle
 from seatd.counters import SeatCounters
 from seatd.decode import DecodeCancelled, DecodeResult, decode
-from shared import exitcodes, protocol
+from shared import exitcodes, lifecycle, protocol
+from shared.caps import default_seat_cap, seat_refusal
 from shared.config import (
     Config,
     ConfigError,
@@ -40,6 +40,7 @@ from shared.config import (
     worker_endpoint,
 )
 from shared.logs import setup_logging
+from shared.prompt import prompt_ids
 from shared.protocol import (
     Cancel,
     Cancelled,
@@ -76,6 +77,7 @@ class Loaded:
     tokenizer: Any
     context_length: int
     tokenizer_hash: str
+    cap: int
 
 
 class SeatWorker:
@@ -115,7 +117,7 @@ class SeatWorker:
             ready=loaded is not None and not self.draining,
             busy=self.current is not None,
             sent_at=sent_at,
-            max_prompt_tokens=self.seat.max_prompt_tokens,
+            max_prompt_tokens=loaded.cap if loaded else 0,
             context_length=loaded.context_length if loaded else 0,
             tokenizer_hash=loaded.tokenizer_hash if loaded else "",
             in_flight=(self.current,) if self.current else (),
@@ -181,34 +183,33 @@ class SeatWorker:
             raise FileNotFoundError(f"{path} does not exist")
         dtype = None if self.seat.compute_dtype == "auto" else self.seat.compute_dtype
         got = load_for_compute(path, dtype)
-        return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash)
+        cap = self.seat.max_prompt_tokens or default_seat_cap(got.context_length)
+        return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap)
 
     def tokenize(self, request: Generate) -> list[int]:
         assert self.loaded is not None
-        tok = self.loaded.tokenizer
-        if request.messages is not None:
-            messages = [msgspec.structs.asdict(m) for m in request.messages]
-            for m in messages:
-                if m["name"] is None:
-                    del m["name"]
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict):
-                ids = ids["input_ids"]
-            return list(ids)
-        return list(tok.encode(request.prompt or ""))
+        return prompt_ids(self.loaded.tokenizer, request.messages, request.prompt,
+                          request.tools_json)
 
     def generate(self, job: Job, emit: Callable[[str, int], None]) -> tuple[Outcome, DecodeResult | None, int]:
         """Runs on the MLX thread.  Returns the outcome, the result and the prompt size."""
         assert self.loaded is not None
         request = job.request
-        prompt = self.tokenize(request)
-        if len(prompt) > self.seat.max_prompt_tokens:
+        try:
+            prompt = self.tokenize(request)
+        except Exception as exc:  # the chat template refused these messages: the client's
+            return Rejected(400, "invalid_messages", f"chat template: {exc}"), None, 0
+        loaded = self.loaded
+        limit = seat_refusal(len(prompt), loaded.cap, loaded.context_length)
+        if limit is not None:
+            cap = loaded.cap if limit == "seat_cap" else loaded.context_length - 1
+            # Checked before any prefill; the prompt is refused whole, never truncated.
             return (
                 Rejected(413, "prompt_too_long",
-                         f"prompt has {len(prompt)} tokens; seat {self.seat.name} "
-                         f"takes at most {self.seat.max_prompt_tokens}",
-                         {"prompt_tokens": len(prompt), "cap": self.seat.max_prompt_tokens,
-                          "seat": self.seat.name, "limit": "seat_cap"}),
+                         f"prompt has {len(prompt)} tokens; seat {self.seat.name} takes at "
+                         f"most {cap} ({limit})",
+                         {"prompt_tokens": len(prompt), "cap": cap, "seat": self.seat.name,
+                          "limit": limit}),
                 None, len(prompt))
         if not prompt:
             return Rejected(400, "empty_prompt", "the prompt is empty"), None, 0
@@ -274,6 +275,8 @@ class SeatWorker:
                 c.inc("completion_tokens", result.completion_tokens, lane=lane)
             case Rejected(status=status):
                 c.inc("rejected", label=str(status))
+                if status == 413:
+                    c.refused(n_prompt)
             case Failed():
                 c.inc("failed")
             case Cancelled():

@@ -31,6 +31,8 @@ class ProxyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     listen: str = "127.0.0.1:8800"
     tokenizer_margin: Annotated[int, msgspec.Meta(ge=0)] = 64
     api_keys_env: str | None = None
+    # Hosted rungs are counted by an upper-bound estimate, so they hold back more.
+    hosted_margin: Annotated[int, msgspec.Meta(ge=0)] = 1024
     # Seconds between the proxy's pings to each seat; a seat silent for
     # `liveness` intervals is lost.
     heartbeat_s: Positive = 1.0
@@ -68,7 +70,10 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kv: Literal["fp16", "q8"] = "fp16"
     compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     speculation: bool = True
-    max_prompt_tokens: PositiveInt = 65536
+    # None: 65,536 where the model's context allows it (shared/caps.py).
+    max_prompt_tokens: PositiveInt | None = None
+    # The proxy's own cap for this seat; by default the seat's cap less the margin.
+    proxy_max_prompt_tokens: PositiveInt | None = None
     memory_budget_mb: PositiveInt | None = None
     # both kinds
     first_token_timeout_s: Positive = 120.0
@@ -78,12 +83,25 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_key_env: str | None = None
     upstream_model: str | None = None
     offbox: bool = False
+    # hosted (openai) seats: timeouts and retries of one request (proxyd/hosted.py).
+    # A request gets total_timeout_s on this rung, retries and pauses included;
+    # transient faults (reset before any byte, 429, 500, 502, 503, 504) are tried
+    # up to max_attempts times with jittered back-off; a longer Retry-After than
+    # retry_after_max_s moves to the next rung at once.
+    connect_timeout_s: Positive = 10.0
+    total_timeout_s: Positive = 600.0
+    max_attempts: PositiveInt = 3
+    backoff_initial_s: Positive = 0.5
+    backoff_max_s: Positive = 8.0
+    retry_after_max_s: Annotated[float, msgspec.Meta(ge=0)] = 20.0
 
 
 class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: str
     ladder: Annotated[list[str], msgspec.Meta(min_length=1)]
     offbox: Literal["deny", "allow", "header"] = "deny"
+    # The config claims every local rung shares one tokenizer; `sanctum check` verifies.
+    same_tokenizer: bool = False
 
 
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

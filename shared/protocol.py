@@ -87,6 +87,8 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     prompt: str | None = None
     kv: str | None = None
     speculation: bool | None = None
+    # The request's tools as JSON, rendered by the chat template like the messages.
+    tools_json: str | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
@@ -152,6 +154,9 @@ class Final(msgspec.Struct, frozen=True, tag="final"):
     usage: Usage = Usage()
     speculation: str = "off"
     ttft_s: float = 0.0
+    # The model the answer came from as its source names it (a hosted rung's
+    # upstream model); empty for a local seat, whose name says it all.
+    model: str = ""
 
 
 class CountersReply(msgspec.Struct, frozen=True, tag="counters"):

@@ -23,7 +23,8 @@ ROUTES = '\n[[route]]\nmodel = "private"\nladder = ["brain", "coder"]\n'
 def pair() -> Iterator[Sanctum]:
     port = free_port()
     model = os.environ.get("SANCTUM_TEST_MODEL", "builtin:demo")
-    text = demo_config(port, seats=(("brain", model, "fp16", 1536),
+    # brain's small cap makes long prompts skip it (cap-aware ladder).
+    text = demo_config(port, seats=(("brain", model, "fp16", 256),
                                     ("coder", model, "q8", 1536)), routes=ROUTES)
     s = Sanctum(text, port=port)
     try:
@@ -150,3 +151,33 @@ def test_answered_by_reconciles_with_real_seats(pair: Sanctum) -> None:
         served = c1["seats"][seat]["served"] - c0["seats"][seat]["served"]
         assert answered == served, (seat, answered, served)
     assert c1["proxy"]["answered_by"]["coder"] > c0["proxy"]["answered_by"].get("coder", 0)
+
+
+def test_over_cap_prompt_skips_small_rung(pair: Sanctum) -> None:
+    """A prompt over brain's cap skips it without calling it; coder, with room, answers."""
+    prompt = "def f(x):\n    return x\n" * 40  # a few hundred tokens
+    r = client(pair).completions.with_raw_response.create(model="private", prompt=prompt,
+                                                          max_tokens=4)
+    assert r.parse().model == "coder"
+    assert r.headers["x-sanctum-attempts"] == "brain=skipped:over_cap; coder=ok"
+
+
+def test_prompt_over_every_cap_is_413_with_numbers(pair: Sanctum) -> None:
+    """Over every allowed cap: 413 prompt_too_long with the numbers, never truncated."""
+    before = counters(pair)
+    prompt = "value = compute(value) + 1\n" * 400
+    code, _, body = http("POST", pair.url + "/v1/completions",
+                         body={"model": "private", "prompt": prompt, "max_tokens": 4})
+    err = json.loads(body)["error"]
+    assert code == 413 and err["code"] == "prompt_too_long"
+    assert err["limit"] == "proxy_cap" and err["seat"] == "coder"
+    assert err["cap"] == 1536 - 64 and err["margin"] == 64
+    assert err["prompt_tokens"] > err["cap"]
+    assert err["attempts"] == "brain=skipped:over_cap; coder=skipped:over_cap"
+    after = counters(pair)
+    assert after["proxy"]["over_cap"] == before["proxy"]["over_cap"] + 1
+    assert after["proxy"]["over_cap_prompts"]["max"] >= err["prompt_tokens"]
+    # Neither seat was called: their counters did not move.
+    for seat in ("brain", "coder"):
+        assert after["seats"][seat]["rejected"] == before["seats"][seat]["rejected"]
+    assert after["proxy"]["cap_disagreements"] == 0

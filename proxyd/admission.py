@@ -1,0 +1,119 @@
+"""Prompt admission: count a request's tokens with each rung's own tokenizer.
+
+Local rungs: the tokenizer of the seat's model directory (loaded once, without
+the weights), the same template path the seat uses (`shared.prompt`).  Hosted
+rungs: an upper bound from the prompt's bytes (`shared.caps.hosted_estimate`).
+A seat whose tokenizer cannot be loaded here is admitted unchecked: the seat
+still checks exactly before prefill, and `sanctum check` reports the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from shared import caps
+from shared.builtin import resolve_model, tokenizer_hash
+from shared.config import Config, SeatConfig, resolve_path
+from shared.errors import BadRequest
+from shared.prompt import load_tokenizer, prompt_ids
+from shared.protocol import Generate
+
+log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    tokens: int | None  # None: not counted here (no tokenizer)
+    cap: int | None  # the proxy's cap for this rung
+    seat_cap: int | None
+    margin: int
+
+    @property
+    def admitted(self) -> bool:
+        return self.tokens is None or self.cap is None or caps.admits(self.tokens, self.cap)
+
+
+class Admission:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.dirs: dict[str, Path] = {}
+        self.contexts: dict[str, int] = {}
+        self.hashes: dict[str, str] = {}
+        self._loading: dict[Path, asyncio.Task[Any]] = {}
+
+    async def start(self) -> None:
+        for seat in self.config.local_seats:
+            assert seat.model is not None
+            try:
+                path = resolve_model(resolve_path(self.config, seat.model))
+                self.contexts[seat.name] = caps.model_context(path)
+                self.hashes[seat.name] = tokenizer_hash(path)
+            except (OSError, ValueError) as exc:
+                log.warning("tokenizer_unavailable", seat=seat.name, error=str(exc),
+                            note="prompts for this seat are checked by the seat alone")
+                continue
+            self.dirs[seat.name] = path
+            if path not in self._loading:
+                self._loading[path] = asyncio.create_task(asyncio.to_thread(load_tokenizer, path))
+
+    async def stop(self) -> None:
+        for task in self._loading.values():
+            task.cancel()
+        await asyncio.gather(*self._loading.values(), return_exceptions=True)
+
+    async def _tokenizer(self, seat: str) -> Any | None:
+        path = self.dirs.get(seat)
+        if path is None:
+            return None
+        try:
+            return await self._loading[path]
+        except Exception as exc:  # a broken tokenizer must not break the proxy
+            log.warning("tokenizer_load_failed", seat=seat, error=str(exc))
+            self.dirs.pop(seat, None)
+            return None
+
+    def seat_cap(self, seat: SeatConfig, reported: int = 0) -> int | None:
+        """The seat's own cap: what it reported at its handshake, else what config implies."""
+        if reported:
+            return reported
+        if seat.max_prompt_tokens:
+            return seat.max_prompt_tokens
+        if seat.kind == "openai":
+            return caps.DEFAULT_CAP
+        context = self.contexts.get(seat.name)
+        return caps.default_seat_cap(context) if context else None
+
+    async def judge(self, seat: SeatConfig, gen: Generate, memo: dict[Any, int],
+                    reported_cap: int = 0) -> Verdict:
+        """Count `gen`'s prompt for `seat` (memoised per tokenizer) and compare with its cap."""
+        p = self.config.proxy
+        seat_cap = self.seat_cap(seat, reported_cap)
+        if seat.kind == "openai":
+            key: Any = "hosted"
+            if key not in memo:
+                texts = [m.content for m in gen.messages] if gen.messages is not None \
+                    else [gen.prompt or ""]
+                if gen.tools_json:
+                    texts.append(gen.tools_json)
+                memo[key] = caps.hosted_estimate(texts)
+            cap = caps.proxy_cap(seat_cap or caps.DEFAULT_CAP, p.hosted_margin,
+                                 seat.proxy_max_prompt_tokens)
+            return Verdict(memo[key], cap, seat_cap, p.hosted_margin)
+        tokenizer = await self._tokenizer(seat.name)
+        if tokenizer is None or seat_cap is None:
+            return Verdict(None, None, seat_cap, p.tokenizer_margin)
+        key = self.dirs[seat.name]
+        if key not in memo:
+            try:
+                memo[key] = len(await asyncio.to_thread(
+                    prompt_ids, tokenizer, gen.messages, gen.prompt, gen.tools_json))
+            except Exception as exc:  # the chat template refused these messages
+                raise BadRequest(f"the messages do not fit the model's chat template: {exc}",
+                                 param="messages") from None
+        cap = caps.proxy_cap(seat_cap, p.tokenizer_margin, seat.proxy_max_prompt_tokens)
+        return Verdict(memo[key], cap, seat_cap, p.tokenizer_margin)
