@@ -1,38 +1,113 @@
 """A hosted rung: any OpenAI-compatible upstream, off the box or on the LAN.
 
 It yields the same frames as a local seat (`Chunk`s, then one `Final`), so the
-ladder treats both alike.  The upstream is always asked to stream, so that a
-silent or stalled upstream is noticed by the same first-token and stall timeouts.
-A hosted rung has no counter of its own: the proxy counts what it served.
+ladder treats both alike, plus a `Retry` frame before each new try of the same
+rung, so that every failed try is listed in `X-Sanctum-Attempts`.  The upstream
+is always asked to stream, so that a silent or stalled upstream is noticed by
+the first-token and stall timeouts, whatever the client asked for.
+
+Timeouts, per request: `connect_timeout_s` for the TCP (and TLS) connect;
+`first_token_timeout_s` from sending the request to the first text;
+`stall_timeout_s` between two pieces of text; `total_timeout_s` for everything
+on this rung, retries and their pauses included.
+
+How an upstream's answer ends (the `Failed` reasons; proxyd/retry.py decides
+which are tried again):
+
+    connection_reset      reset or closed before any byte of the response   retried
+    upstream_429, upstream_500/502/503/504                                 retried
+    connect_failed        refused, no route, DNS                            next rung
+    connect_timeout, first_token_timeout, stall_timeout, deadline          next rung
+    stream_cut            closed before its finish_reason                   next rung
+    malformed_stream      an event that is not a valid JSON chunk           next rung
+    upstream_error        an error event inside the stream                  next rung
+    upstream_401/403/404  the rung's key, model name or URL is wrong        next rung
+    other statuses        upstream_<status>                                 next rung
+
+400, 413 and 422 are the request's own fault and come back as `Rejected`, with
+the upstream's code and message: a content-policy refusal reaches the client
+with its reason.  A context-length 400 is normalised to the code
+`context_length_exceeded`, which the ladder passes to a later rung (one with a
+larger cap may take it).  401, 403 and 404 are not the client's fault: the
+client's own key is fine, so answering 401 would mislead it; they are real
+failures of this rung, never retried, and they open its circuit.
+
+A stream that ends after its finish_reason is complete, with or without
+`data: [DONE]`: once the finish reason and the usage have both arrived it is
+finalized at once.  A stream cut before its finish reason is a failure, never a
+short answer.  The API key is sent only in the Authorization header and is
+scrubbed from every message an upstream sends back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-from collections.abc import AsyncIterator
+import random
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import msgspec
+import structlog
 
+from proxyd import sse
+from proxyd.retry import GiveUp, RetryIn, RetryPolicy, next_try, parse_retry_after
 from shared.config import SeatConfig
 from shared.protocol import Chunk, Failed, Final, Generate, Ok, Outcome, Rejected, Usage
 
-Frame = Chunk | Final
+log = structlog.get_logger()
 
-DETERMINISTIC = {400, 401, 403, 404, 413, 422}
-CONNECT_TIMEOUT_S = 10.0
+# Statuses that are the request's own fault: the client gets them back.
+CLIENT_FAULT = frozenset({400, 413, 422})
+CONTEXT_LENGTH = "context_length_exceeded"
+# How upstreams spell a context-length refusal (OpenAI, vLLM, llama.cpp, others).
+_CONTEXT_HINTS = ("context_length", "context length", "maximum context", "exceed_context",
+                  "context window", "prompt is too long", "too many tokens")
+# After the finish reason, how long to wait for usage or [DONE] before finalizing.
+TAIL_S = 1.0
+MESSAGE_MAX = 500
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A failed try of a hosted rung that will be tried again after `delay_s`.
+
+    Not the rung's outcome (its `Final` still comes); the ladder lists it in
+    `X-Sanctum-Attempts` and counts it as a failed attempt, never as served.
+    """
+
+    request_id: str
+    outcome: Failed
+    delay_s: float
+
+
+Frame = Chunk | Retry | Final
+
+
+@dataclass(frozen=True)
+class _TryEnd:
+    outcome: Outcome
+    retry_after_s: float | None = None
+    finish_reason: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
 
 
 class HostedClient:
-    def __init__(self, seat: SeatConfig) -> None:
+    def __init__(self, seat: SeatConfig, rand: Callable[[], float] = random.random) -> None:
         assert seat.base_url is not None
         self.seat = seat
         self.name = seat.name
         self.base_url = seat.base_url.rstrip("/")
         self.served = 0
+        self.policy = RetryPolicy(seat.max_attempts, seat.backoff_initial_s,
+                                  seat.backoff_max_s, seat.retry_after_max_s)
+        self._key = os.environ.get(seat.api_key_env, "") if seat.api_key_env else ""
+        self._rand = rand
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -40,11 +115,16 @@ class HostedClient:
         return True
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get(self.seat.api_key_env or "", "")
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if self._key:
+            headers["Authorization"] = f"Bearer {self._key}"
         return headers
+
+    def scrub(self, text: str) -> str:
+        """An upstream's words, safe to log and to show: the key never leaves this object."""
+        if self._key and len(self._key) >= 4:
+            text = text.replace(self._key, "[redacted]")
+        return text[:MESSAGE_MAX]
 
     def _body(self, gen: Generate) -> tuple[str, dict[str, Any]]:
         p = gen.params
@@ -69,106 +149,248 @@ class HostedClient:
         body["prompt"] = gen.prompt or ""
         return "/completions", body
 
-    async def session(self) -> aiohttp.ClientSession:
+    def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S))
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.seat.connect_timeout_s),
+                read_bufsize=1 << 20)
         return self._session
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
 
-    def _final(self, rid: str, outcome: Outcome, **kw: Any) -> Final:
-        return Final(rid, outcome, self.name, self.served, 0, **kw)
+    # -- one request: tries until an answer, a give-up, or the deadline ---------
 
     async def frames(self, gen: Generate, first_token_s: float,
                      stall_s: float) -> AsyncIterator[Frame]:
         rid = gen.request_id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.seat.total_timeout_s
         path, body = self._body(gen)
-        session = await self.session()
+        chat = gen.messages is not None
+        attempt = 0
+        while True:
+            attempt += 1
+            end: _TryEnd | None = None
+            sent = 0
+            async with aclosing(self._try(rid, path, body, chat, first_token_s, stall_s,
+                                          deadline)) as tries:
+                async for item in tries:
+                    if isinstance(item, _TryEnd):
+                        end = item
+                    else:
+                        sent += 1
+                        yield item
+            assert end is not None
+            outcome = end.outcome
+            if isinstance(outcome, Failed) and sent == 0:
+                decision = next_try(outcome.reason, attempt, end.retry_after_s,
+                                    deadline - loop.time(), self.policy, self._rand())
+                log.info("hosted_try_failed", seat=self.name, request_id=rid, attempt=attempt,
+                         reason=outcome.reason, message=outcome.message,
+                         retry_after_s=end.retry_after_s,
+                         next=(f"retry_in:{decision.delay_s:.3f}"
+                               if isinstance(decision, RetryIn) else f"give_up:{decision.why}"))
+                if isinstance(decision, RetryIn):
+                    yield Retry(rid, outcome, decision.delay_s)
+                    await asyncio.sleep(decision.delay_s)
+                    continue
+                assert isinstance(decision, GiveUp)
+                if attempt > 1 or decision.why != "not_transient":
+                    outcome = Failed(outcome.reason, f"{outcome.message} "
+                                     f"(try {attempt}; {decision.why})".strip())
+            if isinstance(outcome, Ok):
+                self.served += 1
+            yield Final(rid, outcome, self.name, self.served, 0,
+                        finish_reason=end.finish_reason, usage=end.usage, model=end.model)
+            return
+
+    # -- one try ----------------------------------------------------------------
+
+    async def _try(self, rid: str, path: str, body: dict[str, Any], chat: bool,
+                   first_token_s: float, stall_s: float,
+                   deadline: float) -> AsyncGenerator[Chunk | _TryEnd, None]:
+        loop = asyncio.get_running_loop()
+        first_by = min(loop.time() + first_token_s, deadline)
+
+        def late(reason: str, until: float) -> str:
+            return "deadline" if until >= deadline else reason
+
         try:
-            async with asyncio.timeout(first_token_s):
-                resp = await session.post(self.base_url + path, json=body,
-                                          headers=self._headers())
+            async with asyncio.timeout_at(first_by):
+                resp = await self.session().post(self.base_url + path, json=body,
+                                                 headers=self._headers())
+        except aiohttp.ConnectionTimeoutError:
+            yield _TryEnd(Failed("connect_timeout",
+                                 f"no connection within {self.seat.connect_timeout_s:g}s"))
+            return
         except TimeoutError:
-            yield self._final(rid, Failed("first_token_timeout", "no response headers"))
+            yield _TryEnd(Failed(late("first_token_timeout", first_by),
+                                 f"no response headers within {first_token_s:g}s"))
+            return
+        except aiohttp.ClientConnectorError as exc:
+            yield _TryEnd(Failed("connect_failed", self.scrub(str(exc.os_error or exc))))
+            return
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            yield _TryEnd(Failed("connection_reset", self.scrub(f"{type(exc).__name__}: {exc}")))
             return
         except aiohttp.ClientError as exc:
-            yield self._final(rid, Failed("connection_failed", type(exc).__name__))
+            yield _TryEnd(Failed("connect_failed", self.scrub(f"{type(exc).__name__}: {exc}")))
             return
-        async with resp:
+        clean = False
+        try:
             if resp.status != 200:
-                yield self._final(rid, await _error_outcome(resp))
+                yield await self._error_end(resp, first_by)
+                clean = True
                 return
-            async for frame in self._stream(rid, gen, resp, first_token_s, stall_s):
-                yield frame
+            if resp.content_type == "application/json":
+                async for item in self._whole(rid, resp, chat, first_by):
+                    yield item
+                clean = True
+                return
+            async for item in self._stream(rid, resp, chat, first_by, stall_s, deadline):
+                yield item
+            clean = resp.content.at_eof()
+        finally:
+            # A stream left half-read must not go back to the pool.
+            if clean:
+                resp.release()
+            else:
+                resp.close()
 
-    async def _stream(self, rid: str, gen: Generate, resp: aiohttp.ClientResponse,
-                      first_token_s: float, stall_s: float) -> AsyncIterator[Frame]:
-        chat = gen.messages is not None
-        finish: str | None = None
-        usage = Usage()
+    async def _stream(self, rid: str, resp: aiohttp.ClientResponse, chat: bool,
+                      first_by: float, stall_s: float,
+                      deadline: float) -> AsyncIterator[Chunk | _TryEnd]:
+        loop = asyncio.get_running_loop()
+        decoder = sse.Decoder()
         produced = 0
-        timeout, reason = first_token_s, "first_token_timeout"
+        finish: str | None = None
+        usage: Usage | None = None
+        model = ""
         while True:
+            now = loop.time()
+            if finish is not None:
+                until, reason = min(now + min(TAIL_S, stall_s), deadline), ""
+            elif produced == 0:
+                until, reason = first_by, "first_token_timeout"
+            else:
+                until, reason = min(now + stall_s, deadline), "stall_timeout"
             try:
-                async with asyncio.timeout(timeout):
-                    line = await resp.content.readline()
+                async with asyncio.timeout_at(until):
+                    raw = await resp.content.readline()
             except TimeoutError:
-                yield self._final(rid, Failed(reason, f"upstream silent for {timeout:g}s"))
+                if finish is not None:
+                    break  # complete; the upstream just never closed
+                if until >= deadline:
+                    reason = "deadline"
+                waited = until - now
+                yield _TryEnd(Failed(reason, f"upstream silent for {waited:.3g}s"))
                 return
-            except aiohttp.ClientError as exc:
-                yield self._final(rid, Failed("stream_cut", type(exc).__name__))
+            except (aiohttp.ClientError, ConnectionError) as exc:
+                if finish is not None:
+                    break
+                yield _TryEnd(Failed("stream_cut", self.scrub(f"{type(exc).__name__}: {exc}")))
                 return
-            if not line:
-                break  # the upstream closed the stream
-            text = line.decode("utf-8", "replace").strip()
-            if not text.startswith("data:"):
-                continue
-            data = text[5:].strip()
-            if data == "[DONE]":
-                break
-            try:
-                event = json.loads(data)
-                if "error" in event:
-                    err = event["error"] or {}
-                    yield self._final(rid, Failed("upstream_error", str(err.get("message", ""))))
+            except ValueError as exc:  # a line over the read buffer
+                yield _TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
+                return
+            at_end = not raw
+            event = decoder.end() if at_end else decoder.line(raw.decode("utf-8", "replace"))
+            if event is not None:
+                try:
+                    got = sse.piece(event, chat)
+                except sse.Malformed as exc:
+                    yield _TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
                     return
-                if event.get("usage"):
-                    u = event["usage"]
-                    usage = Usage(int(u.get("prompt_tokens", 0)),
-                                  int(u.get("completion_tokens", 0)))
-                for choice in event.get("choices") or []:
-                    piece = (choice.get("delta") or {}).get("content") if chat \
-                        else choice.get("text")
-                    if piece:
-                        produced += 1
-                        yield Chunk(rid, piece, produced, self.served + 1)
-                        timeout, reason = stall_s, "stall_timeout"
-                    if choice.get("finish_reason"):
-                        finish = choice["finish_reason"]
-            except (ValueError, TypeError, AttributeError) as exc:
-                yield self._final(rid, Failed("malformed_stream", str(exc)[:200]))
-                return
+                if got.error is not None:
+                    message = str(got.error.get("message") or got.error)
+                    yield _TryEnd(Failed("upstream_error", self.scrub(message)))
+                    return
+                model = got.model or model
+                usage = got.usage or usage
+                if got.text:
+                    produced += 1
+                    yield Chunk(rid, got.text, produced, self.served + 1)
+                finish = got.finish_reason or finish
+                if got.done:
+                    # An explicit end; an upstream that never sends a finish reason
+                    # still said it is done.
+                    finish = finish or "stop"
+                    break
+                if finish is not None and usage is not None:
+                    break  # all that [DONE] could add; do not wait for it
+            if at_end:
+                break
         if finish is None:
-            # Closed before a finish_reason: never present a cut answer as complete.
-            yield self._final(rid, Failed("stream_cut", "stream ended without finish_reason"))
+            yield _TryEnd(Failed("stream_cut", "the stream ended before its finish_reason"))
             return
-        if usage.completion_tokens == 0:
-            usage = Usage(usage.prompt_tokens, produced)
-        self.served += 1
-        yield self._final(rid, Ok(), finish_reason=finish, usage=usage)
+        if usage is None or usage.completion_tokens == 0:
+            usage = Usage(usage.prompt_tokens if usage else 0, produced,
+                          usage.cached_tokens if usage else 0)
+        yield _TryEnd(Ok(), finish_reason=finish, usage=usage, model=model)
+
+    async def _whole(self, rid: str, resp: aiohttp.ClientResponse, chat: bool,
+                     first_by: float) -> AsyncIterator[Chunk | _TryEnd]:
+        """An upstream that ignored `stream: true` and sent one JSON body."""
+        try:
+            async with asyncio.timeout_at(first_by):
+                text = await resp.text()
+        except TimeoutError:
+            yield _TryEnd(Failed("first_token_timeout", "the JSON body did not arrive in time"))
+            return
+        except aiohttp.ClientError as exc:
+            yield _TryEnd(Failed("stream_cut", self.scrub(f"{type(exc).__name__}: {exc}")))
+            return
+        try:
+            got = sse.piece(sse.Event(text), chat)
+        except sse.Malformed as exc:
+            yield _TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
+            return
+        if got.error is not None or got.finish_reason is None:
+            yield _TryEnd(Failed("malformed_stream", "a JSON body without a finished choice"))
+            return
+        if got.text:
+            yield Chunk(rid, got.text, 1, self.served + 1)
+        usage = got.usage or Usage(0, 1 if got.text else 0)
+        yield _TryEnd(Ok(), finish_reason=got.finish_reason, usage=usage, model=got.model or "")
+
+    async def _error_end(self, resp: aiohttp.ClientResponse, first_by: float) -> _TryEnd:
+        status = resp.status
+        retry_after = parse_retry_after({k.lower(): v for k, v in resp.headers.items()},
+                                        time.time())
+        try:
+            async with asyncio.timeout_at(max(first_by, asyncio.get_running_loop().time() + 1)):
+                raw = await resp.text()
+        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
+            raw = ""
+        code, message = _error_fields(raw)
+        message = self.scrub(message or resp.reason or f"HTTP {status}")
+        return _TryEnd(classify(status, code, message, self.name), retry_after)
 
 
-async def _error_outcome(resp: aiohttp.ClientResponse) -> Outcome:
+def _error_fields(raw: str) -> tuple[str, str]:
+    """(code, message) from the error bodies OpenAI-compatible servers send."""
     try:
-        body = await resp.json(content_type=None)
-        err = body.get("error", {}) if isinstance(body, dict) else {}
-    except (ValueError, aiohttp.ClientError):
-        err = {}
-    message = str(err.get("message") or resp.reason or "")
-    code = str(err.get("code") or err.get("type") or f"upstream_{resp.status}")
-    if resp.status in DETERMINISTIC:
-        return Rejected(resp.status, code, message)
-    return Failed(f"upstream_{resp.status}", message)
+        body = msgspec.json.decode(raw) if raw else None
+    except msgspec.DecodeError:
+        return "", raw.strip()
+    err: Any = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(err, str):
+        return "", err
+    if not isinstance(err, dict):
+        return "", raw.strip()
+    code = err.get("code") or err.get("type") or ""
+    message = err.get("message") or err.get("detail") or ""
+    return str(code), str(message)
+
+
+def classify(status: int, code: str, message: str, seat: str) -> Outcome:
+    """An upstream's non-200 answer, as an outcome of this rung."""
+    if status not in CLIENT_FAULT:
+        return Failed(f"upstream_{status}", message)
+    text = f"{code} {message}".lower()
+    if status in (400, 413) and any(h in text for h in _CONTEXT_HINTS):
+        code = CONTEXT_LENGTH
+    return Rejected(status, code or f"upstream_{status}", message,
+                    {"seat": seat, "upstream_status": status})

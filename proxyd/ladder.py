@@ -5,7 +5,10 @@
 
 Rules (DESIGN.md): fall back only on real failures and only before the commit
 point; a client error is returned as it is; a private request never reaches an
-off-box rung, which is filtered out before the first attempt.
+off-box rung, which is filtered out before the first attempt.  One rejection is
+not the request's last word: `context_length_exceeded` from a rung whose real
+context is smaller than configured moves to the next rung (`NEXT_RUNG`, with the
+code as the fallback reason), and reaches the client only if no later rung answers.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from enum import Enum
 
 from shared.config import RouteConfig, SeatConfig
 from shared.protocol import Cancelled, Failed, Ok, Outcome, Rejected
+
+# The code of a rejection that a larger rung may still take (proxyd/hosted.py).
+CONTEXT_LENGTH = "context_length_exceeded"
 
 
 class Phase(str, Enum):
@@ -39,6 +45,11 @@ def decide(outcome: Outcome, phase: Phase) -> Step:
     match outcome:
         case Ok():
             return Step.DONE
+        case Rejected(code=code) if code == CONTEXT_LENGTH:
+            # A rung whose real context is smaller than its configured cap (a hosted
+            # upstream says so with this code): a later rung may be larger.  If none
+            # takes it, the client gets this rejection (`context_refusal`).
+            return Step.NEXT_RUNG if phase is Phase.BEFORE_COMMIT else Step.ABORT_STREAM
         case Rejected():
             # Deterministic: another rung would refuse it too.  After commit a
             # rejection cannot happen in our seats, but if it does the stream must
@@ -49,6 +60,24 @@ def decide(outcome: Outcome, phase: Phase) -> Step:
         case Cancelled():
             return Step.STOP
     raise TypeError(f"not an outcome: {outcome!r}")
+
+
+def fallback_reason(outcome: Outcome) -> str:
+    """Why the ladder moved on after `outcome` (the `fallbacks{reason}` label)."""
+    match outcome:
+        case Failed(reason=reason):
+            return reason
+        case Rejected(code=code):
+            return code
+    raise TypeError(f"not a fallback: {outcome!r}")
+
+
+def context_refusal(attempts: list[tuple[str, Outcome | Skipped]]) -> Rejected | None:
+    """The context-length rejection to answer with when no later rung answered."""
+    for _, outcome in attempts:
+        if isinstance(outcome, Rejected) and outcome.code == CONTEXT_LENGTH:
+            return outcome
+    return None
 
 
 def offbox_allowed(route: RouteConfig, header: str | None) -> bool:

@@ -20,14 +20,20 @@ class Answer:
     served: int = 0
     attempts: str = ""
     speculation: str = "off"
+    # A hosted rung's upstream model, as the upstream named it; `model` stays the
+    # seat's name (DESIGN.md rule 4), this goes in the `sanctum` object.
+    upstream_model: str = ""
 
     @property
     def id(self) -> str:
         return ("chatcmpl-" if self.kind == "chat" else "cmpl-") + self.request_id
 
     def sanctum(self) -> dict[str, Any]:
-        return {"seat": self.seat, "served": self.served, "attempts": self.attempts,
-                "speculation": self.speculation, "request_id": self.request_id}
+        out = {"seat": self.seat, "served": self.served, "attempts": self.attempts,
+               "speculation": self.speculation, "request_id": self.request_id}
+        if self.upstream_model:
+            out["upstream_model"] = self.upstream_model
+        return out
 
     def headers(self) -> dict[str, str]:
         return {

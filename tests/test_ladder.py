@@ -9,7 +9,9 @@ from proxyd.ladder import (
     Skipped,
     Step,
     attempts_header,
+    context_refusal,
     decide,
+    fallback_reason,
     offbox_allowed,
     plan,
 )
@@ -22,6 +24,8 @@ OUTCOMES = {
     "rejected_404": Rejected(404, "nf", "x"),
     "rejected_413": Rejected(413, "prompt_too_long", "x"),
     "rejected_422": Rejected(422, "unprocessable", "x"),
+    "rejected_400_content_policy": Rejected(400, "content_policy_violation", "x"),
+    "context_length": Rejected(400, "context_length_exceeded", "x"),
     "failed_worker_lost": Failed("worker_lost"),
     "failed_not_ready": Failed("not_ready"),
     "failed_first_token_timeout": Failed("first_token_timeout"),
@@ -42,6 +46,9 @@ for name in OUTCOMES:
     if name.startswith("failed"):
         EXPECTED[(name, Phase.BEFORE_COMMIT)] = Step.NEXT_RUNG
         EXPECTED[(name, Phase.AFTER_COMMIT)] = Step.ABORT_STREAM
+# A context-length rejection may fit a later, larger rung.
+EXPECTED[("context_length", Phase.BEFORE_COMMIT)] = Step.NEXT_RUNG
+EXPECTED[("context_length", Phase.AFTER_COMMIT)] = Step.ABORT_STREAM
 
 
 @pytest.mark.parametrize(("name", "phase"), list(itertools.product(OUTCOMES, Phase)))
@@ -90,6 +97,17 @@ def test_private_plan_filters_offbox_rungs_before_any_attempt() -> None:
     public = plan(route, SEATS, may_leave=True)
     assert public.rungs == ("brain", "hosted", "coder")
     assert public.filtered_offbox == ()
+
+
+def test_fallback_reason_and_context_refusal() -> None:
+    """A context-length rejection falls back under its code and is the answer if nothing else is."""
+    ctx = Rejected(400, "context_length_exceeded", "too long")
+    assert fallback_reason(Failed("stall_timeout")) == "stall_timeout"
+    assert fallback_reason(ctx) == "context_length_exceeded"
+    assert context_refusal([("a", Failed("worker_lost")), ("b", ctx),
+                            ("c", Failed("upstream_503"))]) is ctx
+    assert context_refusal([("a", Failed("worker_lost")), ("b", Skipped("circuit_open"))]) \
+        is None
 
 
 def test_attempts_header() -> None:
