@@ -57,6 +57,7 @@ from shared.config import (
     Config,
     SeatConfig,
     control_endpoint,
+    resolve_path,
     state_dir,
     unlink_endpoint,
     worker_endpoint,
@@ -155,8 +156,28 @@ class Supervisor:
                              reason=seat.state.recycle or "stop")
                     seat.proc.send_signal(signal.SIGTERM)
 
+    def preflight(self, seat: Seat) -> str | None:
+        """Why this seat cannot start, when that is knowable without starting it.
+
+        A worker needs seconds to import MLX before it could say its model path is
+        missing; seatd can see that at once.  Everything else is the worker's to find.
+        """
+        spec = seat.config.model or ""
+        if not spec or spec.startswith("builtin:"):
+            return None
+        path = Path(resolve_path(self.config, spec))
+        if not path.exists():
+            return f"{path} does not exist"
+        return None
+
     def spawn(self, seat: Seat) -> None:
         assert seat.reason_file is not None
+        missing = self.preflight(seat)
+        if missing:
+            log.error("model_load_failed", seat=seat.name, error=missing, preflight=True)
+            why = f"{exitcodes.FATAL_AT_ONCE[exitcodes.MODEL_LOAD]}: {missing} (not started)"
+            self.feed(seat, Exited(why, fatal=True))
+            return
         # The worker is bound to us before it imports anything heavy (lifecycle.py).
         module = os.environ.get(WORKER_MODULE_ENV) or "seatd.worker"
         cmd = [sys.executable, "-m", "shared.lifecycle", module, "--seat", seat.name]

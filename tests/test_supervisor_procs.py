@@ -149,31 +149,32 @@ class Background:
 
 
 @pytest.fixture(scope="module")
-def trio() -> Iterator[tuple[Sanctum, float]]:
-    """`sanctum up` with seats a and b on the test model and `broken` on a missing path."""
+def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sanctum]:
+    """`sanctum up`: seats a and b on the test model, `broken` on a missing path and
+    `empty` on a model folder with nothing in it."""
     port = free_port()
-    text = config_text(port, [("a", MODEL, ""), ("b", MODEL, ""), ("broken", MISSING, "")],
+    empty = tmp_path_factory.mktemp("empty-model")
+    text = config_text(port, [("a", MODEL, ""), ("b", MODEL, ""), ("broken", MISSING, ""),
+                              ("empty", str(empty), "")],
                        {"a": ["a", "b"], "solo": ["a"], "b": ["b"], "broken": ["broken"]})
-    began = time.monotonic()
     s = Sanctum(text, port=port)
     try:
         s.wait_ready(seats=("a", "b"))
-        yield s, began
+        yield s
     except BaseException:
         s.kill_everything()
         raise
     assert s.stop() == 0, s.logs()[-3000:]
 
 
-def test_missing_model_is_fatal_with_its_reason(trio: tuple[Sanctum, float]) -> None:
+def test_missing_model_is_fatal_with_its_reason(trio: Sanctum) -> None:
     """A model path that does not exist: FATAL at once, naming the path; others serve."""
-    s, began = trio
+    s = trio
     row = wait_for("broken seat FATAL", lambda: status(s)["broken"].state == "FATAL" and
                    status(s)["broken"], 30, s)
-    measured("model path missing -> FATAL (from `sanctum up` start)", time.monotonic() - began)
     assert row.last_exit is not None
     assert row.last_exit.startswith("model_load_failed:"), row.last_exit
-    assert f"{MISSING} does not exist" in row.last_exit and "exit:79" in row.last_exit
+    assert f"{MISSING} does not exist" in row.last_exit
     assert row.restarts == 0 and row.pid is None, "a load failure must not be retried"
     time.sleep(3 * WINDOW_S)
     again = status(s)["broken"]
@@ -191,9 +192,27 @@ def test_missing_model_is_fatal_with_its_reason(trio: tuple[Sanctum, float]) -> 
     assert "READY" in a_line or "BUSY" in a_line
 
 
-def test_restart_command_retries_a_fatal_seat(trio: tuple[Sanctum, float]) -> None:
+def test_model_that_fails_to_load_is_fatal_in_the_workers_words(
+        trio: Sanctum) -> None:
+    """A model folder the worker cannot load: exit 79, FATAL with the loader's own error."""
+    s = trio
+    row = wait_for("empty seat FATAL", lambda: status(s)["empty"].state == "FATAL" and
+                   status(s)["empty"], 120, s)
+    assert row.last_exit is not None and row.last_exit.startswith("model_load_failed:")
+    assert "config.json" in row.last_exit and row.last_exit.endswith("(exit:79)"), row.last_exit
+    assert row.restarts == 0 and row.pid is None
+    assert not list(s.state.glob("exit-*")), "seatd takes the reason file it reads"
+    asked = time.monotonic()
+    assert isinstance(control(s, protocol.RestartSeat("empty")), protocol.ControlOk)
+    wait_for("empty FATAL again", lambda: status(s)["empty"].state == "FATAL"
+             and status(s)["empty"].restarts == 1, 120, s)
+    measured("restart of an unloadable-model seat -> FATAL again (worker spawned)",
+             time.monotonic() - asked)
+
+
+def test_restart_command_retries_a_fatal_seat(trio: Sanctum) -> None:
     """`sanctum restart SEAT` gives a FATAL seat another start; it fails the same way."""
-    s, _ = trio
+    s = trio
     wait_for("broken FATAL", lambda: status(s)["broken"].state == "FATAL", 30, s)
     before = status(s)["broken"].restarts
     asked = time.monotonic()
@@ -201,16 +220,17 @@ def test_restart_command_retries_a_fatal_seat(trio: tuple[Sanctum, float]) -> No
     assert done.returncode == 0 and "restarting broken" in done.stdout, done.stderr
     wait_for("broken FATAL again", lambda: status(s)["broken"].state == "FATAL"
              and status(s)["broken"].restarts == before + 1, 30, s)
-    measured("restart of a missing-model seat -> FATAL again", time.monotonic() - asked)
+    measured("restart of a missing-model seat -> FATAL again (seatd preflight)",
+             time.monotonic() - asked)
     assert "does not exist" in (status(s)["broken"].last_exit or "")
     done = cli(s, "restart", "nobody")
     assert done.returncode == 1 and "no local seat named 'nobody'" in done.stderr
 
 
 def test_sigkill_mid_request_falls_back_and_served_continues(
-        trio: tuple[Sanctum, float]) -> None:
+        trio: Sanctum) -> None:
     """SIGKILL mid-request: the ladder answers from b, a restarts, `served` continues."""
-    s, _ = trio
+    s = trio
     assert ask(s, "solo", 2)[0] == 200
     before = seat_counters(s, "a")
     old = status(s)["a"]
@@ -240,9 +260,9 @@ def test_sigkill_mid_request_falls_back_and_served_continues(
     assert int(headers["X-Sanctum-Served"]) == after["served"]
 
 
-def test_sigkill_mid_stream_ends_with_an_error_event(trio: tuple[Sanctum, float]) -> None:
+def test_sigkill_mid_stream_ends_with_an_error_event(trio: Sanctum) -> None:
     """A stream cut by a worker's death ends with an error event and no [DONE]."""
-    s, _ = trio
+    s = trio
     wait_for("a ready", lambda: s.health()["seats"]["a"]["ready"], 60, s)
     pid = status(s)["a"].pid
     assert pid is not None
@@ -262,9 +282,9 @@ def test_sigkill_mid_stream_ends_with_an_error_event(trio: tuple[Sanctum, float]
 
 
 def test_sigstopped_worker_is_killed_within_liveness_and_restarted(
-        trio: tuple[Sanctum, float]) -> None:
+        trio: Sanctum) -> None:
     """A worker that stops answering (SIGSTOP) is lost within the window, killed, restarted."""
-    s, _ = trio
+    s = trio
     wait_for("a ready", lambda: status(s)["a"].state == "READY", 60, s)
     old = status(s)["a"]
     assert old.pid is not None
