@@ -261,6 +261,10 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
             if k in m:
                 lines.append(f"| {k} | {m[k]} |")
         lines.append("")
+        if not str(m.get("model", "")).startswith("builtin:"):
+            lines += [f"**These numbers use a development model ({m.get('model')}), not the "
+                      "packaged demo models;** rerun `make bench` once `builtin:demo` exists.",
+                      ""]
     summary = ["## Headline ratios", "", "| comparison | what | speed ratio | goal |",
                "|---|---|---|---|"]
     body: list[str] = []
