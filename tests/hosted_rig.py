@@ -1,0 +1,153 @@
+"""proxyd as a real process in front of two hosted rungs (fake upstreams on loopback).
+
+The route `m` has the ladder ["primary", "backup"], both `kind = "openai"`,
+with short timeouts so that every fault plays out in about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.fake_upstream import FakeUpstream
+from tests.procs import assert_gone, free_port, http
+
+KEY_ENV = "SANCTUM_TEST_HOSTED_KEY"
+KEY = "sk-test-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
+MSG = [{"role": "user", "content": "hello"}]
+
+SEAT = """
+[[seat]]
+name = "{name}"
+kind = "openai"
+base_url = "{url}"
+api_key_env = "{key_env}"
+upstream_model = "{name}-model"
+max_prompt_tokens = {cap}
+first_token_timeout_s = {first_token}
+stall_timeout_s = {stall}
+connect_timeout_s = 1.0
+total_timeout_s = 20.0
+max_attempts = 3
+backoff_initial_s = 0.05
+backoff_max_s = 0.2
+retry_after_max_s = 3.0
+"""
+
+CONFIG = """
+[proxy]
+listen = "127.0.0.1:{port}"
+breaker_threshold = 3
+breaker_cooldown_s = {cooldown}
+{seats}
+[[route]]
+model = "m"
+ladder = ["primary", "backup"]
+"""
+
+
+class HostedRig:
+    def __init__(self, primary: list[str] | None = None, backup: list[str] | None = None,
+                 cooldown: float = 30.0, first_token: float = 1.0, stall: float = 0.8,
+                 extra_seats: str = "") -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="hrig-", dir="/tmp"))
+        self.port = free_port()
+        self.primary = FakeUpstream(primary, answer="primary says hi", model="primary-v2")
+        self.backup = FakeUpstream(backup, answer="backup answers here", model="backup-v7")
+        seats = "".join(
+            SEAT.format(name=n, url=u.url, key_env=KEY_ENV, cap=100000,
+                        first_token=first_token, stall=stall)
+            for n, u in (("primary", self.primary), ("backup", self.backup)))
+        self.config = self.dir / "c.toml"
+        self.config.write_text(CONFIG.format(port=self.port, cooldown=cooldown,
+                                             seats=seats + extra_seats))
+        self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.dir / "s"), **{KEY_ENV: KEY})
+        self.log = self.dir / "proxy.log"
+        self.proxy = subprocess.Popen(
+            [sys.executable, "-m", "sanctum.cli", "proxyd", "--config", str(self.config)],
+            env=self.env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if http("GET", self.url + "/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if self.proxy.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(self.log.read_text())
+            time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def chat(self, stream: bool = False, **extra: Any) -> tuple[int, dict[str, str], bytes]:
+        return http("POST", self.url + "/v1/chat/completions",
+                    body={"model": "m", "messages": MSG, "stream": stream, **extra}, timeout=60)
+
+    def counters(self) -> dict[str, Any]:
+        return json.loads(http("GET", self.url + "/counters")[2])
+
+    def tries(self) -> tuple[int, int]:
+        """How many requests each upstream has seen: (primary, backup)."""
+        return len(self.primary.requests), len(self.backup.requests)
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proxy.poll() is None:
+            self.proxy.send_signal(signal.SIGTERM)
+        try:
+            self.proxy.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proxy.kill()
+            self.proxy.wait()
+        self.primary.stop()
+        self.backup.stop()
+        assert_gone({self.proxy.pid}, timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def body_of(raw: bytes) -> dict[str, Any]:
+    return json.loads(raw)
+
+
+def text_of(raw: bytes) -> str:
+    return str(body_of(raw)["choices"][0]["message"]["content"])
+
+
+def sse_data(raw: bytes) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the JSON of every `data:` event, the names of non-default events); [DONE] is kept
+    as the string '[DONE]' in the names list."""
+    datas: list[dict[str, Any]] = []
+    names: list[str] = []
+    for block in raw.decode().split("\n\n"):
+        if not block.strip():
+            continue
+        name = "message"
+        for line in block.splitlines():
+            if line.startswith("event:"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                data = line.split(":", 1)[1].strip()
+                if data == "[DONE]":
+                    names.append("[DONE]")
+                else:
+                    datas.append(json.loads(data))
+                    if name != "message":
+                        names.append(name)
+    return datas, names
+
+
+def streamed_text(datas: list[dict[str, Any]]) -> str:
+    return "".join((c.get("delta") or {}).get("content") or ""
+                   for d in datas for c in d.get("choices", []))
