@@ -37,6 +37,12 @@ A stream that ends after its finish_reason is complete, with or without
 finalized at once.  A stream cut before its finish reason is a failure, never a
 short answer.  The API key is sent only in the Authorization header and is
 scrubbed from every message an upstream sends back.
+
+Naming (DESIGN.md rule 4): `response.model` and `X-Sanctum-Seat` name the seat
+that answered, for a hosted rung as for a local one, so a client always reads
+one naming scheme and can send its next request to a name the proxy knows.  The
+name the upstream gave its own model (e.g. a dated version) travels in the
+`Final` and is shown as `sanctum.upstream_model`; usage is the upstream's own.
 """
 
 from __future__ import annotations
