@@ -38,7 +38,7 @@ if [ "$DRY" = 0 ] && [ "$(uname -s)" != Darwin ]; then
 fi
 
 DOMAIN="gui/$(id -u)"
-AGENTS="$HOME/Library/LaunchAgents"
+PLIST_DIR="$HOME/Library/LaunchAgents"
 LOGS="$HOME/Library/Logs/Sanctum"
 
 # Run a command, or only print it under --dry-run.
@@ -63,7 +63,7 @@ if [ "$UNINSTALL" = 1 ]; then
     # proxyd first: stop taking requests, then let seatd drain the seats.
     for svc in proxyd seatd; do
         maybe launchctl bootout "$DOMAIN/com.sanctum.$svc"
-        run rm -f "$AGENTS/com.sanctum.$svc.plist"
+        run rm -f "$PLIST_DIR/com.sanctum.$svc.plist"
     done
     echo "install: removed the Sanctum services (logs stay in $LOGS)"
     exit 0
@@ -88,11 +88,11 @@ if [ -n "$CONFIG" ]; then
     run "$SANCTUM" check --config "$CONFIG"
 fi
 
-run mkdir -p "$AGENTS" "$LOGS"
+run mkdir -p "$PLIST_DIR" "$LOGS"
 # seatd first, so the seats are loading when proxyd starts answering.
 for svc in seatd proxyd; do
     label="com.sanctum.$svc"
-    plist="$AGENTS/$label.plist"
+    plist="$PLIST_DIR/$label.plist"
     # shellcheck disable=SC2086  # CONFIG_ARG and SETS are lists of words
     content=$("$PY" -m launchd.plists render "$svc" --sanctum "$SANCTUM" --home "$HOME" \
         $CONFIG_ARG $SETS)

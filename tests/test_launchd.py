@@ -124,10 +124,10 @@ def test_install_dry_run_prints_every_command_and_file(tmp_path: Path) -> None:
     done = install(home, "--dry-run", "--config", str(config), "--set", "SANCTUM_SPECULATION=off")
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    agents = home / "Library" / "LaunchAgents"
+    plist_dir = home / "Library" / "LaunchAgents"
     plist_files = written(out)
-    assert list(plist_files) == [str(agents / "com.sanctum.seatd.plist"),
-                                 str(agents / "com.sanctum.proxyd.plist")]
+    assert list(plist_files) == [str(plist_dir / "com.sanctum.seatd.plist"),
+                                 str(plist_dir / "com.sanctum.proxyd.plist")]
     for data in plist_files.values():
         service = data["Label"].removeprefix("com.sanctum.")
         assert plists.check(service, data, 45.0) == []
@@ -142,7 +142,7 @@ def test_install_dry_run_prints_every_command_and_file(tmp_path: Path) -> None:
         label = f"com.sanctum.{svc}"
         expected += [f"launchctl bootout {domain}/{label} || true",
                      f"launchctl enable {domain}/{label}",
-                     f"launchctl bootstrap {domain} {agents / (label + '.plist')}",
+                     f"launchctl bootstrap {domain} {plist_dir / (label + '.plist')}",
                      f"launchctl kickstart {domain}/{label}"]
     assert commands == expected
     assert f"check --config {config}" in out and "launchd.plists check" in out
@@ -155,12 +155,12 @@ def test_uninstall_dry_run_boots_out_proxyd_then_seatd(tmp_path: Path) -> None:
     done = install(tmp_path, "--uninstall", "--dry-run")
     assert done.returncode == 0, done.stderr
     domain = f"gui/{os.getuid()}"
-    agents = tmp_path / "Library" / "LaunchAgents"
+    plist_dir = tmp_path / "Library" / "LaunchAgents"
     lines = [line[2:] for line in done.stdout.splitlines() if line.startswith("+ ")]
     assert lines == [f"launchctl bootout {domain}/com.sanctum.proxyd || true",
-                     f"rm -f {agents}/com.sanctum.proxyd.plist",
+                     f"rm -f {plist_dir}/com.sanctum.proxyd.plist",
                      f"launchctl bootout {domain}/com.sanctum.seatd || true",
-                     f"rm -f {agents}/com.sanctum.seatd.plist"]
+                     f"rm -f {plist_dir}/com.sanctum.seatd.plist"]
     assert list(tmp_path.iterdir()) == []
 
 
