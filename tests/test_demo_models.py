@@ -1,0 +1,92 @@
+"""Tests for the packaged demo pair: it loads, shares one tokenizer, and has learned Python."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from seatd.model_load import LoadedModel, load_for_compute
+from shared.builtin import MODELS_DIR, resolve_model, tokenizer_hash
+
+HELDOUT = Path(__file__).parent / "data" / "heldout"
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[LoadedModel, LoadedModel]]:
+    """Target and drafter loaded on the CPU, default device restored afterwards."""
+    before = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        yield load_for_compute(resolve_model("builtin:demo")), load_for_compute(
+            resolve_model("builtin:demo-drafter")
+        )
+    finally:
+        mx.set_default_device(before)
+
+
+def _nll_per_token(model: nn.Module, ids: list[int]) -> float:
+    logits = model(mx.array(ids[:-1])[None])[0].astype(mx.float32)
+    return nn.losses.cross_entropy(logits, mx.array(ids[1:]), reduction="mean").item()
+
+
+def test_weights_are_small_enough_to_ship() -> None:
+    """The committed weights together stay under 40 MB."""
+    total = sum(p.stat().st_size for p in MODELS_DIR.rglob("*.safetensors"))
+    assert 0 < total < 40_000_000
+
+
+def test_tokenizers_are_identical() -> None:
+    """Target and drafter ship byte-identical tokenizer files (same hash)."""
+    assert tokenizer_hash(resolve_model("builtin:demo")) == tokenizer_hash(resolve_model("builtin:demo-drafter"))
+
+
+def test_default_config_serves_the_pair() -> None:
+    """The embedded default routes `demo` to a seat with the pair and a cap inside the context."""
+    cfg = tomllib.loads((MODELS_DIR.parent / "default_config.toml").read_text())
+    seat = cfg["seat"][0]
+    assert seat["model"] == "builtin:demo" and seat["drafter"]["path"] == "builtin:demo-drafter"
+    assert cfg["route"][0] == {"model": "demo", "ladder": ["demo"]}
+    import json
+
+    context = json.loads((resolve_model("builtin:demo") / "config.json").read_text())["max_position_embeddings"]
+    assert seat["max_prompt_tokens"] + 256 <= context
+
+
+@pytest.mark.slow
+def test_both_models_load_from_the_package(pair: tuple[LoadedModel, LoadedModel]) -> None:
+    """Both load through the seat's loader with mlx-lm tokenizers and the chat template."""
+    target, drafter = pair
+    assert target.was_quantized and not drafter.was_quantized
+    assert target.tokenizer.vocab_size == drafter.tokenizer.vocab_size == 8192
+    prompt = target.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "def add(a, b):"}], add_generation_prompt=True, tokenize=False
+    )
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert target.tokenizer.encode(prompt)[:1] == [1]
+
+
+@pytest.mark.slow
+def test_target_predicts_heldout_code_far_better_than_uniform(pair: tuple[LoadedModel, LoadedModel]) -> None:
+    """On a held-out stdlib file the target's perplexity is a tiny fraction of uniform's 8192."""
+    target, drafter = pair
+    text = (HELDOUT / "getopt.py").read_text()
+    ids = target.tokenizer.encode(text)[:1024]
+    ppl = math.exp(_nll_per_token(target.model, ids))
+    assert ppl < 20, ppl
+    assert math.exp(_nll_per_token(drafter.model, ids)) < 40
+
+
+@pytest.mark.slow
+def test_drafter_agrees_with_target_often(pair: tuple[LoadedModel, LoadedModel]) -> None:
+    """The drafter picks the target's greedy token on most held-out positions."""
+    target, drafter = pair
+    ids = target.tokenizer.encode((HELDOUT / "importlib__abc.py").read_text())[:1024]
+    x = mx.array(ids)[None]
+    agree = (target.model(x)[0].argmax(-1) == drafter.model(x)[0].argmax(-1)).mean().item()
+    assert agree > 0.5, agree
