@@ -38,7 +38,8 @@ LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens")
 # Prompt lengths of refused (413) prompts kept for the median; the count is exact.
 REFUSED_SAMPLE = 512
 # Counted per lane as well as in total.
-PER_LANE = ("served", "prompt_tokens", "completion_tokens", "accelerated", "declined")
+PER_LANE = ("served", "prompt_tokens", "completion_tokens", "accelerated", "declined",
+            "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
 
 
 class SeatCounters:
@@ -49,6 +50,7 @@ class SeatCounters:
         self.labelled: dict[str, dict[str, int]] = {name: {} for name in LABELLED}
         self.lanes: dict[str, dict[str, Any]] = {}
         self.refused_sample: list[int] = []
+        self.positions: list[int] = []  # spec_accepted_per_position, all lanes
         self.incarnation = 1
         self.started_at = time.time()
         self._load()
@@ -67,6 +69,7 @@ class SeatCounters:
         for name in LABELLED:
             self.labelled[name] = {str(k): int(v) for k, v in saved.get(name, {}).items()}
         self.lanes = saved.get("lanes", {})
+        self.positions = [int(n) for n in saved.get("spec_accepted_per_position", [])]
         self.refused_sample = [int(n) for n in saved.get("refused_sample", [])][-REFUSED_SAMPLE:]
         self.incarnation = int(saved.get("incarnation", 0)) + 1
 
@@ -85,6 +88,27 @@ class SeatCounters:
                 sub = per.setdefault(name, {})
                 sub[label] = sub.get(label, 0) + n
 
+    def speculation(self, report: Any, lane: str) -> None:
+        """Count what speculation did for one served request (a decode.SpecReport)."""
+        state: str = report.state
+        if state == "accelerated":
+            self.inc("accelerated", lane=lane)
+            self.inc("spec_drafts", report.drafts, lane=lane)
+            self.inc("spec_draft_tokens", report.draft_tokens, lane=lane)
+            self.inc("spec_accepted_tokens", report.accepted_tokens, lane=lane)
+            for i, n in enumerate(report.accepted_per_position):
+                self._position(self.positions, i, n)
+                per = self.lanes.setdefault(lane, {}).setdefault("spec_accepted_per_position", [])
+                self._position(per, i, n)
+        elif state.startswith("declined:"):
+            self.inc("declined", label=state.split(":", 1)[1], lane=lane)
+
+    @staticmethod
+    def _position(into: list[int], i: int, n: int) -> None:
+        while len(into) <= i:
+            into.append(0)
+        into[i] += n
+
     def refused(self, prompt_tokens: int) -> None:
         """Remember the length of a prompt refused as too long (beside rejected{413})."""
         self.refused_sample = [*self.refused_sample[-(REFUSED_SAMPLE - 1):], prompt_tokens]
@@ -96,6 +120,7 @@ class SeatCounters:
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.totals)
         out.update({name: dict(v) for name, v in self.labelled.items()})
+        out["spec_accepted_per_position"] = list(self.positions)
         out["lanes"] = json.loads(json.dumps(self.lanes))
         r = summarise(self.labelled["rejected"].get("413", 0), self.refused_sample)
         out["refused_prompts"] = {"count": r.count, "median": r.median, "max": r.max}

@@ -1,25 +1,41 @@
-"""The seat's decode loop: one loop for sync and streaming requests.
+"""The seat's decode loop: one loop for every lane, speculative or plain.
 
-Streaming is this same loop emitting committed text as it goes; a sync request
-collects the same pieces.  That is why streamed output equals sync output byte
-for byte for the same request and seed.
+A lane is (sync | streaming) x (fp16 | q8 KV).  Streaming is this same loop
+emitting committed text as it goes; a sync request collects the same pieces, so
+streamed output equals sync output byte for byte for the same request and seed.
+Both KV modes sit behind mlx-lm's cache protocol (update, offset, trim), so
+speculation reaches every lane.
 
-The next step is scheduled (`mx.async_eval`) before the current token is read
-on the host, so the model's forward overlaps the Python work between steps.
+Tokens come from one of two sources, consumed by the same loop below:
+- plain: one target step per token; the next step is scheduled (`async_eval`)
+  before the current token is read, so the forward overlaps the host work;
+- speculative: a drafter proposes k tokens, the target verifies them in one
+  forward, caches roll back to what was kept (`seatd.verify`).  Only verified
+  tokens are ever yielded, so a client never sees a draft retracted.
+
+Speculation declines, never fails: a drafter that raises hands the request to
+the plain source at the exact point it had reached.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import structlog
 from mlx_lm.models import cache as mlx_cache
 
+from seatd.adaptive import DepthStats, observe
+from seatd.drafters import Drafter
 from seatd.sampling import KeyChain, sample
 from seatd.stops import scan_stops
+from seatd.verify import verify_greedy, verify_sampled
 from shared.protocol import SamplingParams
+
+log = structlog.get_logger()
 
 PREFILL_CHUNK = 512
 
@@ -31,11 +47,33 @@ class DecodeCancelled(Exception):
 
 
 @dataclass
+class SpecReport:
+    """What speculation did for one request: the header value and the counters."""
+
+    state: str = "off"  # "accelerated" | "declined:<reason>" | "off"
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Speculation:
+    """How a request may speculate, decided by the worker before it starts."""
+
+    drafter: Drafter | None
+    depth: int  # draft length for this request; 0 = plain
+    stats: DepthStats
+    decline: str | None = None  # set: serve plain and report this reason
+
+
+@dataclass
 class DecodeResult:
     text: str
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    speculation: SpecReport = field(default_factory=SpecReport)
 
 
 def _kv_group_size(model: Any) -> int:
@@ -57,6 +95,93 @@ def make_cache(model: Any, kv: str) -> list[Any]:
     return mlx_cache.make_prompt_cache(model)
 
 
+def prefill(model: Any, cache: list[Any], prompt: mx.array, upto: int,
+            cancelled: Callable[[], bool]) -> None:
+    """Feed prompt[:upto] in chunks; between chunks the worker can see a cancel."""
+    done = 0
+    while done < upto:
+        n = min(PREFILL_CHUNK, upto - done)
+        model(prompt[None, done : done + n], cache=cache)
+        mx.eval([c.state for c in cache])
+        done += n
+        if cancelled():
+            raise DecodeCancelled
+
+
+def _plain(model: Any, cache: list[Any], y: int, params: SamplingParams, keys: KeyChain,
+           budget: int) -> Iterator[int]:
+    """Target-only decoding from the unfed token `y`, pipelined one step ahead."""
+
+    def step(tokens: mx.array) -> mx.array:
+        logits = model(tokens[None], cache=cache)[:, -1, :]
+        return sample(logits, params, keys.next())
+
+    nxt = step(mx.array([y], dtype=mx.uint32))
+    mx.async_eval(nxt)
+    for i in range(budget):
+        cur = nxt
+        if i + 1 < budget:
+            nxt = step(cur)
+            mx.async_eval(nxt)
+        yield int(cur.item())
+
+
+def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
+                 params: SamplingParams, keys: KeyChain, budget: int, context_room: int,
+                 report: SpecReport) -> Iterator[int]:
+    drafter = spec.drafter
+    assert drafter is not None
+    produced = 0
+    while produced < budget:
+        # Room for k drafts plus the token after them, in the answer and the context.
+        k = max(0, min(spec.depth, budget - produced - 1, context_room - produced - 1))
+        started = time.perf_counter()
+        draft = None
+        if k > 0:
+            try:
+                draft = drafter.propose(k, params, keys.next)
+            except Exception as exc:  # a drafter's fault is a decline, never a failure
+                log.warning("drafter_failed", error=repr(exc))
+                report.state = "declined:drafter_error"
+                yield from _plain(model, cache, y, params, keys, budget - produced)
+                return
+        if draft is None or draft.k == 0:
+            logits = model(mx.array([[y]], dtype=mx.uint32), cache=cache)[:, -1, :]
+            token = int(sample(logits, params, keys.next()).item())
+            observe(spec.stats, 0, 0, time.perf_counter() - started)
+            drafter.plain(token)
+            produced += 1
+            y = token
+            yield token
+            continue
+        block = mx.concatenate([mx.array([y], dtype=mx.uint32), draft.tokens])
+        logits = model(block[None], cache=cache)  # (1, k+1, V)
+        if params.temperature == 0:
+            n_arr, t_arr = verify_greedy(logits, draft.tokens[None])
+        else:
+            probs = draft.probs[None] if draft.probs is not None else None
+            n_arr, t_arr = verify_sampled(logits, draft.tokens[None], probs, params, keys.next())
+        mx.eval(n_arr, t_arr, draft.tokens)
+        kept, token = int(n_arr.item()), int(t_arr.item())
+        drafted = draft.k
+        tokens = draft.tokens.tolist()
+        mlx_cache.trim_prompt_cache(cache, drafted - kept)
+        drafter.settle(kept, drafted, token, tokens)
+        observe(spec.stats, drafted, kept, time.perf_counter() - started)
+        report.state = "accelerated"
+        report.drafts += 1
+        report.draft_tokens += drafted
+        report.accepted_tokens += kept
+        while len(report.accepted_per_position) < drafted:
+            report.accepted_per_position.append(0)
+        for i in range(kept):
+            report.accepted_per_position[i] += 1
+        for t in [*tokens[:kept], token]:
+            produced += 1
+            yield t
+        y = token
+
+
 def decode(
     model: Any,
     tokenizer: Any,
@@ -68,16 +193,18 @@ def decode(
     emit: Emit | None = None,
     cancelled: Callable[[], bool] = lambda: False,
     on_token: Callable[[int], None] | None = None,
+    spec: Speculation | None = None,
 ) -> DecodeResult:
     """Generate for one request.  `emit(text, completion_tokens)` gets committed text."""
     cache = make_cache(model, kv)
     prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
     n_prompt = len(prompt_ids)
-    max_new = min(params.max_tokens, max(context_length - n_prompt, 0))
+    budget = min(params.max_tokens, max(context_length - n_prompt, 0))
     keys = KeyChain(params.seed)
     eos = set(tokenizer.eos_token_ids)
     detok = tokenizer.detokenizer
     pieces: list[str] = []
+    report = SpecReport()
 
     def send(text: str, count: int) -> None:
         if text:
@@ -85,33 +212,37 @@ def decode(
             if emit is not None:
                 emit(text, count)
 
-    if max_new == 0:
-        return DecodeResult("", "length", n_prompt, 0)
+    if budget == 0:
+        return DecodeResult("", "length", n_prompt, 0, report)
 
-    done = 0
-    while n_prompt - done > 1:
-        n = min(PREFILL_CHUNK, n_prompt - done - 1)
-        model(prompt[None, done : done + n], cache=cache)
-        mx.eval([c.state for c in cache])
-        done += n
-        if cancelled():
-            raise DecodeCancelled
+    prefill(model, cache, prompt, n_prompt - 1, cancelled)
+    y = int(prompt_ids[-1])
+    source: Iterator[int]
+    if spec is None or spec.drafter is None and spec.decline is None:
+        source = _plain(model, cache, y, params, keys, budget)
+    elif spec.decline is not None or spec.drafter is None or spec.depth == 0:
+        report.state = f"declined:{spec.decline or 'not_profitable'}"
+        source = _plain(model, cache, y, params, keys, budget)
+    else:
+        try:
+            spec.drafter.start(prompt_ids)
+            if cancelled():
+                raise DecodeCancelled
+            source = _speculative(model, cache, y, spec, params, keys, budget,
+                                  context_length - n_prompt, report)
+        except DecodeCancelled:
+            raise
+        except Exception as exc:
+            log.warning("drafter_failed", error=repr(exc))
+            report.state = "declined:drafter_error"
+            source = _plain(model, cache, y, params, keys, budget)
 
-    def step(tokens: mx.array) -> mx.array:
-        logits = model(tokens[None], cache=cache)[:, -1, :]
-        return sample(logits, params, keys.next())
-
-    y = step(prompt[done:])
-    mx.async_eval(y)
     pending = ""
     produced = 0
     finish = "length"
     cut = False
-    while True:
-        if produced + 1 < max_new:
-            next_y = step(y)
-            mx.async_eval(next_y)
-        token = int(y.item())
+    started = time.perf_counter()
+    for token in source:
         if token in eos:
             finish = "stop"
             break
@@ -125,11 +256,10 @@ def decode(
         if stopped:
             finish, cut = "stop", True
             break
-        if produced >= max_new:
+        if produced >= budget:
             break
         if cancelled():
             raise DecodeCancelled
-        y = next_y
     if not cut:
         # Flush what the detokenizer and the stop scan held back; the stream ended.
         detok.finalize()
@@ -138,4 +268,7 @@ def decode(
         if stopped:
             finish = "stop"
         send(now if stopped else now + held, produced)
-    return DecodeResult("".join(pieces), finish, n_prompt, produced)
+    if spec is not None and report.state == "declined:not_profitable" and produced:
+        # Plain decoding's own speed is what speculation has to beat.
+        observe(spec.stats, 0, 0, (time.perf_counter() - started) / produced)
+    return DecodeResult("".join(pieces), finish, n_prompt, produced, report)

@@ -27,6 +27,7 @@ import zmq.asyncio
 
 from seatd import blas
 from seatd.counters import SeatCounters
+from seatd.speculation import SeatSpeculation
 from seatd.decode import DecodeCancelled, DecodeResult, decode
 from shared import exitcodes, lifecycle, protocol
 from shared.caps import default_seat_cap, seat_refusal
@@ -78,6 +79,7 @@ class Loaded:
     context_length: int
     tokenizer_hash: str
     cap: int
+    speculation: SeatSpeculation
 
 
 class SeatWorker:
@@ -184,7 +186,9 @@ class SeatWorker:
         dtype = None if self.seat.compute_dtype == "auto" else self.seat.compute_dtype
         got = load_for_compute(path, dtype)
         cap = self.seat.max_prompt_tokens or default_seat_cap(got.context_length)
-        return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap)
+        spec = SeatSpeculation(self.config, self.seat, got.model, got.tokenizer_hash)
+        return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,
+                      spec)
 
     def tokenize(self, request: Generate) -> list[int]:
         assert self.loaded is not None
@@ -217,13 +221,15 @@ class SeatWorker:
         def progress(n: int) -> None:
             self.tokens_generated += 1
 
+        kv = request.kv or self.seat.kv
         result = decode(
             self.loaded.model, self.loaded.tokenizer, prompt, request.params,
-            kv=request.kv or self.seat.kv,
+            kv=kv,
             context_length=self.loaded.context_length,
             emit=emit,
             cancelled=lambda: request.request_id in self.cancelled,
             on_token=progress,
+            spec=self.loaded.speculation.plan(request, kv),
         )
         return Ok(), result, len(prompt)
 
@@ -273,6 +279,7 @@ class SeatWorker:
                 c.inc("served", lane=lane)
                 c.inc("prompt_tokens", result.prompt_tokens, lane=lane)
                 c.inc("completion_tokens", result.completion_tokens, lane=lane)
+                c.speculation(result.speculation, lane)
             case Rejected(status=status):
                 c.inc("rejected", label=str(status))
                 if status == 413:
@@ -298,6 +305,7 @@ class SeatWorker:
             job, outcome,
             finish_reason=result.finish_reason,
             usage=Usage(result.prompt_tokens, result.completion_tokens),
+            speculation=result.speculation.state,
             ttft_s=ttft,
         )
 

@@ -70,6 +70,9 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kv: Literal["fp16", "q8"] = "fp16"
     compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     speculation: bool = True
+    # Draft tokens per speculative round; unset = chosen per request from measured
+    # acceptance and round cost (seatd/adaptive.py).
+    draft_depth: Annotated[int, msgspec.Meta(ge=0, le=16)] | None = None
     # None: 65,536 where the model's context allows it (shared/caps.py).
     max_prompt_tokens: PositiveInt | None = None
     # The proxy's own cap for this seat; by default the seat's cap less the margin.

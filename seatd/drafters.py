@@ -1,0 +1,134 @@
+"""Drafters: who proposes the tokens a speculative round verifies.
+
+One interface, so block drafters and native multi-token heads can join later:
+
+    start(prompt_ids)                         see the prompt (prefill, index)
+    propose(k, params, keys) -> Draft | None  up to k tokens, lazily, or nothing
+    settle(kept, drafted, next_token)         the round's verdict: roll back to it
+
+`ModelDrafter` runs a small model sharing the target's tokenizer, with its own
+cache kept in step with the target's.  `LookupDrafter` copies what followed the
+latest earlier occurrence of the context's last n-gram (prompt lookup): no
+weights, strong on code edits and copies; its q is one-hot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import mlx.core as mx
+from mlx_lm.models import cache as mlx_cache
+
+from seatd.sampling import sample
+from seatd.verify import draft_probs
+from shared.protocol import SamplingParams
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class Draft:
+    tokens: mx.array  # (k,) lazy
+    probs: mx.array | None  # (k, V) lazy; None for a one-hot drafter
+    k: int
+
+
+class Drafter(Protocol):
+    def start(self, prompt_ids: Sequence[int]) -> None: ...
+
+    def propose(self, k: int, params: SamplingParams,
+                next_key: Callable[[], mx.array]) -> Draft | None: ...
+
+    def settle(self, kept: int, drafted: int, next_token: int, tokens: Sequence[int]) -> None: ...
+
+    def plain(self, token: int) -> None: ...
+
+
+class ModelDrafter:
+    """A small model drafting autoregressively; its cache follows the target's."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.cache: list[Any] = []
+        self.pending: list[int] = []
+
+    def start(self, prompt_ids: Sequence[int]) -> None:
+        self.cache = mlx_cache.make_prompt_cache(self.model)
+        prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
+        done = 0
+        while len(prompt_ids) - done > 1:
+            n = min(PREFILL_CHUNK, len(prompt_ids) - done - 1)
+            self.model(prompt[None, done : done + n], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            done += n
+        self.pending = [int(prompt_ids[-1])]
+
+    def propose(self, k: int, params: SamplingParams,
+                next_key: Callable[[], mx.array]) -> Draft:
+        x = mx.array(self.pending, dtype=mx.uint32)[None]
+        logits = self.model(x, cache=self.cache)[:, -1, :]
+        tokens: list[mx.array] = []
+        rows: list[mx.array] = []
+        for i in range(k):
+            if params.temperature > 0:
+                rows.append(draft_probs(logits, params))
+            t = sample(logits, params, next_key())
+            tokens.append(t)
+            if i < k - 1:
+                logits = self.model(t[None], cache=self.cache)[:, -1, :]
+        probs = mx.concatenate(rows, axis=0) if rows else None
+        return Draft(mx.concatenate(tokens), probs, k)
+
+    def settle(self, kept: int, drafted: int, next_token: int, tokens: Sequence[int]) -> None:
+        # The cache holds pending + drafts[:-1]; keep pending + drafts[:kept].
+        if kept == drafted:
+            self.pending = [int(tokens[-1]), next_token]
+        else:
+            mlx_cache.trim_prompt_cache(self.cache, drafted - 1 - kept)
+            self.pending = [next_token]
+
+    def plain(self, token: int) -> None:
+        """A token the target made without a draft: fed with the next proposal."""
+        self.pending.append(token)
+
+
+class LookupDrafter:
+    """Prompt n-gram lookup: propose what followed the last n-gram's latest match."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.context: list[int] = []
+
+    def start(self, prompt_ids: Sequence[int]) -> None:
+        self.context = [int(t) for t in prompt_ids]
+
+    def find(self, k: int) -> list[int]:
+        ctx = self.context
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(ctx) <= n:
+                continue
+            tail = ctx[-n:]
+            # Latest earlier occurrence whose continuation exists.
+            for start in range(len(ctx) - n - 1, -1, -1):
+                if ctx[start : start + n] == tail:
+                    follow = ctx[start + n : start + n + k]
+                    if follow:
+                        return follow
+        return []
+
+    def propose(self, k: int, params: SamplingParams,
+                next_key: Callable[[], mx.array]) -> Draft | None:
+        follow = self.find(k)
+        if not follow:
+            return None
+        return Draft(mx.array(follow, dtype=mx.uint32), None, len(follow))
+
+    def settle(self, kept: int, drafted: int, next_token: int, tokens: Sequence[int]) -> None:
+        self.context.extend(int(t) for t in tokens[:kept])
+        self.context.append(next_token)
+
+    def plain(self, token: int) -> None:
+        self.context.append(token)
