@@ -37,7 +37,7 @@ ALLOWED = ("auto", *COMPUTE_DTYPES)
 
 @dataclass(frozen=True)
 class LoadedModel:
-    model: nn.Module
+    model: Any  # an mlx-lm nn.Module
     tokenizer: TokenizerWrapper
     compute_dtype: str
     was_quantized: bool
@@ -58,14 +58,14 @@ def choose_dtype(requested: str | None, cpu: bool, stored: str) -> tuple[str, bo
     return requested, cpu
 
 
-def _is_quantized(model: nn.Module) -> bool:
-    return any(
-        isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules()
-    )
+def _is_quantized(model: Any) -> bool:
+    quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)  # type: ignore[attr-defined]
+    return any(isinstance(m, quantized) for _, m in model.named_modules())
 
 
-def _stored_dtype(model: nn.Module) -> str:
-    for _, a in tree_flatten(model.parameters()):
+def _stored_dtype(model: Any) -> str:
+    flat: Any = tree_flatten(model.parameters())
+    for _, a in flat:
         if isinstance(a, mx.array) and mx.issubdtype(a.dtype, mx.floating):
             name = str(a.dtype).removeprefix("mlx.core.")
             if name in COMPUTE_DTYPES:
@@ -73,7 +73,7 @@ def _stored_dtype(model: nn.Module) -> str:
     return "float32"
 
 
-def _cast(model: nn.Module, dtype: mx.Dtype) -> None:
+def _cast(model: Any, dtype: mx.Dtype) -> None:
     def cast(a: Any) -> Any:
         if isinstance(a, mx.array) and mx.issubdtype(a.dtype, mx.floating):
             return a.astype(dtype)
@@ -85,8 +85,10 @@ def _cast(model: nn.Module, dtype: mx.Dtype) -> None:
 def load_for_compute(model_dir: Path, compute_dtype: str | None = None) -> LoadedModel:
     """Load an mlx-lm model directory and hold its weights as this device computes best."""
     if compute_dtype is not None and compute_dtype not in ALLOWED:
-        raise ValueError(f"compute_dtype must be one of {', '.join(ALLOWED)}, not {compute_dtype!r}")
-    model, tokenizer, config = load(str(model_dir), return_config=True)
+        raise ValueError(
+            f"compute_dtype must be one of {', '.join(ALLOWED)}, not {compute_dtype!r}"
+        )
+    model, tokenizer, config = load(str(model_dir), return_config=True)  # type: ignore[misc]
     quantized = _is_quantized(model)
     cpu = on_cpu()
     chosen, dequantize = choose_dtype(compute_dtype, cpu, _stored_dtype(model))

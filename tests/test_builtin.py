@@ -24,7 +24,7 @@ def test_resolve_builtin_points_at_a_model_directory() -> None:
 
 def test_unknown_builtin_is_a_clear_error() -> None:
     """An unknown builtin raises ValueError naming it and the known ones."""
-    with pytest.raises(ValueError, match="builtin:nope.*builtin:demo"):
+    with pytest.raises(ValueError, match=r"builtin:nope.*builtin:demo"):
         resolve_model("builtin:nope")
 
 

@@ -23,8 +23,9 @@ def pair() -> Iterator[tuple[LoadedModel, LoadedModel]]:
     before = mx.default_device()
     mx.set_default_device(mx.cpu)
     try:
-        yield load_for_compute(resolve_model("builtin:demo")), load_for_compute(
-            resolve_model("builtin:demo-drafter")
+        yield (
+            load_for_compute(resolve_model("builtin:demo")),
+            load_for_compute(resolve_model("builtin:demo-drafter")),
         )
     finally:
         mx.set_default_device(before)
@@ -43,7 +44,9 @@ def test_weights_are_small_enough_to_ship() -> None:
 
 def test_tokenizers_are_identical() -> None:
     """Target and drafter ship byte-identical tokenizer files (same hash)."""
-    assert tokenizer_hash(resolve_model("builtin:demo")) == tokenizer_hash(resolve_model("builtin:demo-drafter"))
+    assert tokenizer_hash(resolve_model("builtin:demo")) == tokenizer_hash(
+        resolve_model("builtin:demo-drafter")
+    )
 
 
 def test_default_config_serves_the_pair() -> None:
@@ -54,7 +57,9 @@ def test_default_config_serves_the_pair() -> None:
     assert cfg["route"][0] == {"model": "demo", "ladder": ["demo"]}
     import json
 
-    context = json.loads((resolve_model("builtin:demo") / "config.json").read_text())["max_position_embeddings"]
+    context = json.loads((resolve_model("builtin:demo") / "config.json").read_text())[
+        "max_position_embeddings"
+    ]
     assert seat["max_prompt_tokens"] + 256 <= context
 
 
@@ -72,7 +77,9 @@ def test_both_models_load_from_the_package(pair: tuple[LoadedModel, LoadedModel]
 
 
 @pytest.mark.slow
-def test_target_predicts_heldout_code_far_better_than_uniform(pair: tuple[LoadedModel, LoadedModel]) -> None:
+def test_target_predicts_heldout_code_far_better_than_uniform(
+    pair: tuple[LoadedModel, LoadedModel],
+) -> None:
     """On a held-out stdlib file the target's perplexity is a tiny fraction of uniform's 8192."""
     target, drafter = pair
     text = (HELDOUT / "getopt.py").read_text()

@@ -35,7 +35,9 @@ def cpu() -> Iterator[None]:
         ("float16", False, "bfloat16", ("float16", False)),
     ],
 )
-def test_dtype_policy(requested: str | None, cpu: bool, stored: str, expected: tuple[str, bool]) -> None:
+def test_dtype_policy(
+    requested: str | None, cpu: bool, stored: str, expected: tuple[str, bool]
+) -> None:
     """CPU defaults to dequantized float32; GPU keeps quantized weights and the stored dtype."""
     assert choose_dtype(requested, cpu, stored) == expected
 

@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import transport  # noqa: E402
+import transport
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -48,17 +48,23 @@ def mlx_convert(hf_dir: Path, out: Path, bits: int | None, tok_src: Path) -> Non
     if bits is None:
         convert(str(hf_dir), str(out), dtype="bfloat16")
     else:
-        convert(str(hf_dir), str(out), quantize=True, q_bits=bits, q_group_size=64, dtype="bfloat16")
+        convert(
+            str(hf_dir), str(out), quantize=True, q_bits=bits, q_group_size=64, dtype="bfloat16"
+        )
     # transformers may re-serialise tokenizer files; ship the trained ones, identically.
     for p in out.iterdir():
-        if p.name.startswith(("tokenizer", "special_tokens", "chat_template")) or p.name.endswith(".jinja"):
+        if p.name.startswith(("tokenizer", "special_tokens", "chat_template")) or p.name.endswith(
+            ".jinja"
+        ):
             p.unlink()
     for name in TOKENIZER_FILES:
         shutil.copy(tok_src / name, out / name)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--stage1", required=True, type=Path)
     ap.add_argument("--stage2", required=True, type=Path)
     ap.add_argument("--drafter", default="d192x4")
@@ -76,8 +82,10 @@ def main() -> None:
         if args.reference is not None:
             mlx_convert(Path(tmp) / "target", args.reference, None, args.stage1)
         d_cfg = json.loads((args.stage2 / f"drafter_{args.drafter}_config.json").read_text())
-        d_w = {k: v.astype(np.float32) if v.dtype != np.float32 else v
-               for k, v in _load_bf16(args.stage2 / f"drafter_{args.drafter}.safetensors").items()}
+        d_w = {
+            k: v.astype(np.float32) if v.dtype != np.float32 else v
+            for k, v in _load_bf16(args.stage2 / f"drafter_{args.drafter}.safetensors").items()
+        }
         write_hf_dir(Path(tmp) / "drafter", d_cfg, d_w, args.stage1)
         mlx_convert(Path(tmp) / "drafter", args.out / "demo-drafter", None, args.stage1)
     del load_file

@@ -72,9 +72,7 @@ def site_roots() -> list[Path]:
 def _walk_py(root: Path, skip: set[Path]) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
-        dirnames[:] = sorted(
-            d for d in dirnames if d not in SKIP_DIRS and (here / d) not in skip
-        )
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and (here / d) not in skip)
         for name in sorted(filenames):
             if name.endswith(".py"):
                 yield here / name
@@ -121,7 +119,9 @@ def collect(max_site_bytes: int | None = None, workers: int = 8) -> Corpus:
     site_bytes = 0
     dup = 0
     # stdlib first, then site files in a hash order, so that a byte cap samples evenly.
-    kept = [f for f in files if f is not None and not (f.origin == "stdlib" and is_heldout(f.relpath))]
+    kept = [
+        f for f in files if f is not None and not (f.origin == "stdlib" and is_heldout(f.relpath))
+    ]
     kept.sort(key=lambda f: (f.origin != "stdlib", hashlib.sha256(f.relpath.encode()).hexdigest()))
     for f in kept:
         h = hashlib.sha256(f.text.encode()).hexdigest()
@@ -186,7 +186,9 @@ def _pairs_from_text(text: str, max_chars: int = 2400) -> list[tuple[str, str]]:
     return pairs
 
 
-def chat_pairs(files: list[SourceFile], workers: int = 8, limit: int = 60_000) -> list[tuple[str, str]]:
+def chat_pairs(
+    files: list[SourceFile], workers: int = 8, limit: int = 60_000
+) -> list[tuple[str, str]]:
     """(signature+docstring, complete function) pairs from training files."""
     with Pool(workers) as pool:
         per_file = pool.map(_pairs_from_text, [f.text for f in files], chunksize=32)
@@ -198,10 +200,6 @@ def chat_pairs(files: list[SourceFile], workers: int = 8, limit: int = 60_000) -
     return out[:limit]
 
 
-
 def chat_text(user: str, assistant: str) -> str:
     """One exchange rendered exactly as the tokenizer's chat template renders it."""
-    return (
-        f"<|im_start|>user\n{user}<|im_end|>\n"
-        f"<|im_start|>assistant\n{assistant}<|im_end|>\n"
-    )
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n{assistant}<|im_end|>\n"

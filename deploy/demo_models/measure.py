@@ -41,7 +41,7 @@ CHUNK = 1024
 
 def heldout_ids(tokenizer: Any) -> list[list[int]]:
     eot = 0
-    return [tokenizer.encode(p.read_text()) + [eot] for p in sorted(HELDOUT.glob("*.py"))]
+    return [[*tokenizer.encode(p.read_text()), eot] for p in sorted(HELDOUT.glob("*.py"))]
 
 
 def _logits(model: nn.Module, ids: list[int]) -> mx.array:
@@ -60,7 +60,9 @@ def perplexity(model: nn.Module, docs: list[list[int]]) -> float:
     return math.exp(nll / n)
 
 
-def acceptance(target: nn.Module, drafter: nn.Module, docs: list[list[int]], temp: float = 0.7) -> dict[str, float]:
+def acceptance(
+    target: nn.Module, drafter: nn.Module, docs: list[list[int]], temp: float = 0.7
+) -> dict[str, float]:
     greedy = rs = em = 0.0
     n = 0
     for ids in docs:
@@ -72,7 +74,12 @@ def acceptance(target: nn.Module, drafter: nn.Module, docs: list[list[int]], tem
             rs += mx.minimum(p, q).sum().item()
             em += (p * q).sum().item()
             n += len(x)
-    return {"greedy": greedy / n, "t0.7_rejection": rs / n, "t0.7_exact_match": em / n, "positions": n}
+    return {
+        "greedy": greedy / n,
+        "t0.7_rejection": rs / n,
+        "t0.7_exact_match": em / n,
+        "positions": n,
+    }
 
 
 def prompts(tokenizer: Any, n: int, chars: int = 1200) -> list[tuple[str, list[int]]]:
@@ -95,7 +102,9 @@ def time_plain(model: nn.Module, prompt: list[int], max_tokens: int) -> float:
     return n / (time.perf_counter() - t)
 
 
-def time_spec(model: nn.Module, draft: nn.Module, prompt: list[int], max_tokens: int, k: int) -> tuple[float, float]:
+def time_spec(
+    model: nn.Module, draft: nn.Module, prompt: list[int], max_tokens: int, k: int
+) -> tuple[float, float]:
     from mlx_lm.generate import speculative_generate_step
 
     t = time.perf_counter()
@@ -112,8 +121,15 @@ def _spread(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
-def interleaved(target: nn.Module, drafter: nn.Module, tokenizer: Any, rounds: int, k: int,
-                max_tokens: int, n_prompts: int) -> dict[str, Any]:
+def interleaved(
+    target: nn.Module,
+    drafter: nn.Module,
+    tokenizer: Any,
+    rounds: int,
+    k: int,
+    max_tokens: int,
+    n_prompts: int,
+) -> dict[str, Any]:
     ps = prompts(tokenizer, n_prompts)
     time_plain(target, ps[0][1], 16)  # warm-up
     time_spec(target, drafter, ps[0][1], 16, k)
@@ -129,21 +145,35 @@ def interleaved(target: nn.Module, drafter: nn.Module, tokenizer: Any, rounds: i
             fd.append(f)
             r.append(tb / ta)
         all_ratio += r
-        rows[name] = {"plain_tok_s": _spread(a), "spec_tok_s": _spread(b), "speedup": _spread(r),
-                      "from_draft": statistics.median(fd), "prompt_tokens": len(ids)}
-    return {"num_draft_tokens": k, "rounds": rounds, "max_tokens": max_tokens, "prompts": rows,
-            "speedup_all": _spread(all_ratio)}
+        rows[name] = {
+            "plain_tok_s": _spread(a),
+            "spec_tok_s": _spread(b),
+            "speedup": _spread(r),
+            "from_draft": statistics.median(fd),
+            "prompt_tokens": len(ids),
+        }
+    return {
+        "num_draft_tokens": k,
+        "rounds": rounds,
+        "max_tokens": max_tokens,
+        "prompts": rows,
+        "speedup_all": _spread(all_ratio),
+    }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--target", default="builtin:demo")
     ap.add_argument("--drafter", default="builtin:demo-drafter")
     ap.add_argument("--reference", default=None, help="unquantized target directory (not shipped)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--draft-tokens", default="3", help="comma-separated num_draft_tokens to benchmark")
+    ap.add_argument(
+        "--draft-tokens", default="3", help="comma-separated num_draft_tokens to benchmark"
+    )
     ap.add_argument("--skip-quality", action="store_true")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -165,8 +195,12 @@ def main() -> None:
         print(json.dumps(out, indent=1), flush=True)
     ps = prompts(tk, 1)
     time_plain(tm, ps[0][1], 16)
-    out["tok_s_target"] = statistics.median(time_plain(tm, ps[0][1], args.max_tokens) for _ in range(3))
-    out["tok_s_drafter"] = statistics.median(time_plain(dm, ps[0][1], args.max_tokens) for _ in range(3))
+    out["tok_s_target"] = statistics.median(
+        time_plain(tm, ps[0][1], args.max_tokens) for _ in range(3)
+    )
+    out["tok_s_drafter"] = statistics.median(
+        time_plain(dm, ps[0][1], args.max_tokens) for _ in range(3)
+    )
     print(f"tok/s target {out['tok_s_target']:.1f} drafter {out['tok_s_drafter']:.1f}", flush=True)
     out["interleaved"] = []
     for k in (int(s) for s in args.draft_tokens.split(",")):
@@ -174,9 +208,14 @@ def main() -> None:
         out["interleaved"].append(res)
         print(f"k={k}", flush=True)
         for name, row in res["prompts"].items():
-            print(f"  {name:32s} plain {row['plain_tok_s']['median']:6.1f} spec {row['spec_tok_s']['median']:6.1f} "
-                  f"speedup {row['speedup']['median']:.2f}x [{row['speedup']['min']:.2f}-{row['speedup']['max']:.2f}] "
-                  f"from_draft {row['from_draft']:.2f}", flush=True)
+            print(
+                f"  {name:32s} plain {row['plain_tok_s']['median']:6.1f}"
+                f" spec {row['spec_tok_s']['median']:6.1f}"
+                f" speedup {row['speedup']['median']:.2f}x"
+                f" [{row['speedup']['min']:.2f}-{row['speedup']['max']:.2f}] "
+                f"from_draft {row['from_draft']:.2f}",
+                flush=True,
+            )
         sa = res["speedup_all"]
         print(f"  all: median {sa['median']:.2f}x [{sa['min']:.2f}-{sa['max']:.2f}]", flush=True)
     if args.json:

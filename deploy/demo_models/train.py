@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import corpus as corpus_mod  # noqa: E402
-import tok as tok_mod  # noqa: E402
-import transport  # noqa: E402
+import corpus as corpus_mod
+import tok as tok_mod
+import transport
 
 T0 = time.time()
 CONTEXT = 2048
@@ -51,12 +51,30 @@ TARGET: dict[str, Any] = {
     "intermediate_size": 1536,
 }
 DRAFTERS: dict[str, dict[str, Any]] = {
-    "d192x2": {"hidden_size": 192, "num_hidden_layers": 2, "num_attention_heads": 3,
-               "num_key_value_heads": 1, "head_dim": 64, "intermediate_size": 512},
-    "d192x4": {"hidden_size": 192, "num_hidden_layers": 4, "num_attention_heads": 3,
-               "num_key_value_heads": 1, "head_dim": 64, "intermediate_size": 512},
-    "d256x2": {"hidden_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "head_dim": 64, "intermediate_size": 768},
+    "d192x2": {
+        "hidden_size": 192,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 3,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "intermediate_size": 512,
+    },
+    "d192x4": {
+        "hidden_size": 192,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 3,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "intermediate_size": 512,
+    },
+    "d256x2": {
+        "hidden_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 768,
+    },
 }
 
 
@@ -88,7 +106,9 @@ def hf_config(arch: dict[str, Any], vocab: int) -> dict[str, Any]:
 def build_model(cfg: dict[str, Any]) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    conf = LlamaConfig(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    conf = LlamaConfig(
+        **{k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    )
     conf._attn_implementation = "sdpa"
     return LlamaForCausalLM(conf)
 
@@ -105,7 +125,10 @@ def state_numpy(model: torch.nn.Module) -> dict[str, np.ndarray]:
 
 # ---------------------------------------------------------------- data
 
-def tokenize_corpus(tk: Any, c: corpus_mod.Corpus, chat_ratio_cap: float = 0.08) -> tuple[np.ndarray, dict[str, Any]]:
+
+def tokenize_corpus(
+    tk: Any, c: corpus_mod.Corpus, chat_ratio_cap: float = 0.08
+) -> tuple[np.ndarray, dict[str, Any]]:
     """All training files and chat pairs as one token stream, documents ended by <|endoftext|>."""
     texts = [f.text for f in c.train]
     chats = [corpus_mod.chat_text(u, a) for u, a in c.chat_pairs]
@@ -113,7 +136,7 @@ def tokenize_corpus(tk: Any, c: corpus_mod.Corpus, chat_ratio_cap: float = 0.08)
     n_code = 0
     for i in range(0, len(texts), 4096):
         for enc in tk.encode_batch(texts[i : i + 4096]):
-            ids.append(np.asarray(enc.ids + [tok_mod.EOT_ID], dtype=np.uint16))
+            ids.append(np.asarray([*enc.ids, tok_mod.EOT_ID], dtype=np.uint16))
             n_code += len(enc.ids) + 1
     n_chat = 0
     chat_ids: list[np.ndarray] = []
@@ -121,7 +144,7 @@ def tokenize_corpus(tk: Any, c: corpus_mod.Corpus, chat_ratio_cap: float = 0.08)
         for enc in tk.encode_batch(chats[i : i + 4096]):
             if n_chat > chat_ratio_cap * n_code:
                 break
-            chat_ids.append(np.asarray(enc.ids + [tok_mod.EOT_ID], dtype=np.uint16))
+            chat_ids.append(np.asarray([*enc.ids, tok_mod.EOT_ID], dtype=np.uint16))
             n_chat += len(enc.ids) + 1
     docs = ids + chat_ids
     order = np.random.default_rng(0).permutation(len(docs))
@@ -131,7 +154,7 @@ def tokenize_corpus(tk: Any, c: corpus_mod.Corpus, chat_ratio_cap: float = 0.08)
 
 def heldout_stream(tk: Any, c: corpus_mod.Corpus) -> np.ndarray:
     encs = tk.encode_batch([f.text for f in c.heldout])
-    return np.concatenate([np.asarray(e.ids + [tok_mod.EOT_ID], dtype=np.int64) for e in encs])
+    return np.concatenate([np.asarray([*e.ids, tok_mod.EOT_ID], dtype=np.int64) for e in encs])
 
 
 class Batches:
@@ -157,8 +180,12 @@ def lr_at(step: int, progress: float, peak: float, warmup: int) -> float:
 
 
 @torch.no_grad()
-def eval_heldout(model: torch.nn.Module, stream: np.ndarray, device: torch.device,
-                 drafters: dict[str, torch.nn.Module] | None = None) -> dict[str, float]:
+def eval_heldout(
+    model: torch.nn.Module,
+    stream: np.ndarray,
+    device: torch.device,
+    drafters: dict[str, torch.nn.Module] | None = None,
+) -> dict[str, float]:
     """Mean NLL of the model on held-out windows of CONTEXT; drafters' greedy agreement with it."""
     model.eval()
     nll, count = 0.0, 0
@@ -190,7 +217,10 @@ def eval_heldout(model: torch.nn.Module, stream: np.ndarray, device: torch.devic
 
 # ---------------------------------------------------------------- stages
 
-def prepare(work: Path, train_tokenizer: bool, max_site_bytes: int | None = None) -> tuple[Any, corpus_mod.Corpus, dict[str, Any]]:
+
+def prepare(
+    work: Path, train_tokenizer: bool, max_site_bytes: int | None = None
+) -> tuple[Any, corpus_mod.Corpus, dict[str, Any]]:
     from tokenizers import Tokenizer
 
     workers = max(1, min(16, os.cpu_count() or 1))
@@ -220,8 +250,12 @@ def prepare(work: Path, train_tokenizer: bool, max_site_bytes: int | None = None
 def save_heldout_samples(c: corpus_mod.Corpus, out: Path, budget: int = 60_000) -> list[str]:
     """A few small held-out non-test stdlib files, for tests and CPU measurements."""
     out.mkdir(parents=True, exist_ok=True)
-    cands = [f for f in c.heldout if not f.relpath.startswith(("test/", "idlelib/idle_test"))
-             and 2_000 <= len(f.text) <= 14_000]
+    cands = [
+        f
+        for f in c.heldout
+        if not f.relpath.startswith(("test/", "idlelib/idle_test"))
+        and 2_000 <= len(f.text) <= 14_000
+    ]
     cands.sort(key=lambda f: hashlib.sha256(f.relpath.encode()).hexdigest())
     names: list[str] = []
     for f in cands:
@@ -249,8 +283,13 @@ def stage_target(args: argparse.Namespace) -> None:
     cfg = hf_config(TARGET, tk.get_vocab_size())
     model = build_model(cfg).to(dev)
     log(f"target params {n_params(model):,}")
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
-                            fused=dev.type == "cuda")
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        weight_decay=0.1,
+        fused=dev.type == "cuda",
+    )
     batches = Batches(stream, dev, seed=1)
     tokens_per_step = args.batch * args.seq
     budget = args.deadline - (time.time() - T0) - args.reserve
@@ -276,7 +315,10 @@ def stage_target(args: argparse.Namespace) -> None:
         seen += x.numel()
         if step % 100 == 0 or step == 1:
             el = time.time() - t_start
-            log(f"step {step} p={progress:.3f} seq={seq} loss={loss.item():.4f} tok/s={seen / el:,.0f}")
+            log(
+                f"step {step} p={progress:.3f} seq={seq} loss={loss.item():.4f}"
+                f" tok/s={seen / el:,.0f}"
+            )
     train_s = time.time() - t_start
     ev = eval_heldout(model, held, dev)
     log(f"target done: {step} steps, {seen:,} tokens, {train_s:.0f}s; heldout {ev}")
@@ -286,15 +328,28 @@ def stage_target(args: argparse.Namespace) -> None:
     import transformers
 
     manifest = {
-        "corpus": stats, "tokens": {"train": int(len(stream)), "heldout": int(len(held)), **tstats},
-        "chat_pairs_found": len(c.chat_pairs), "heldout_samples": samples,
+        "corpus": stats,
+        "tokens": {"train": len(stream), "heldout": len(held), **tstats},
+        "chat_pairs_found": len(c.chat_pairs),
+        "heldout_samples": samples,
         "heldout_files": sorted(f.relpath for f in c.heldout),
-        "target": {"params": n_params(model), "steps": step, "tokens_seen": seen, "train_seconds": round(train_s, 1),
-                   "peak_lr": args.lr, "tokens_per_step": tokens_per_step, "seq": [args.seq, CONTEXT],
-                   "heldout_bf16_torch": ev},
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "tokenizers": tokenizers.__version__, "python": sys.version.split()[0],
-                     "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"},
+        "target": {
+            "params": n_params(model),
+            "steps": step,
+            "tokens_seen": seen,
+            "train_seconds": round(train_s, 1),
+            "peak_lr": args.lr,
+            "tokens_per_step": tokens_per_step,
+            "seq": [args.seq, CONTEXT],
+            "heldout_bf16_torch": ev,
+        },
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "tokenizers": tokenizers.__version__,
+            "python": sys.version.split()[0],
+            "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+        },
     }
     (work / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     log("stage target written")
@@ -303,7 +358,10 @@ def stage_target(args: argparse.Namespace) -> None:
 def load_target(work: Path, dev: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
     cfg = json.loads((work / "target_config.json").read_text())
     model = build_model(cfg)
-    sd = {k: torch.from_numpy(v) for k, v in transport.load_packed(work / "target_int8.safetensors").items()}
+    sd = {
+        k: torch.from_numpy(v)
+        for k, v in transport.load_packed(work / "target_int8.safetensors").items()
+    }
     sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     model.load_state_dict(sd, strict=False)
     model.tie_weights()
@@ -332,8 +390,13 @@ def stage_drafters(args: argparse.Namespace) -> None:
         torch.manual_seed(10 + i)
         cfgs[name] = hf_config(DRAFTERS[name], tk.get_vocab_size())
         drafters[name] = build_model(cfgs[name]).to(dev)
-        opts[name] = torch.optim.AdamW(drafters[name].parameters(), lr=args.lr, betas=(0.9, 0.95),
-                                       weight_decay=0.05, fused=dev.type == "cuda")
+        opts[name] = torch.optim.AdamW(
+            drafters[name].parameters(),
+            lr=args.lr,
+            betas=(0.9, 0.95),
+            weight_decay=0.05,
+            fused=dev.type == "cuda",
+        )
         log(f"drafter {name} params {n_params(drafters[name]):,}")
     batches = Batches(stream, dev, seed=2)
     tokens_per_step = args.batch * args.seq
@@ -347,8 +410,13 @@ def stage_drafters(args: argparse.Namespace) -> None:
         seq = args.seq if progress < 0.7 else CONTEXT
         bsz = max(1, tokens_per_step // seq)
         x, _ = batches.get(bsz, seq)
-        with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            t_logp = F.log_softmax(teacher(x).logits.float(), dim=-1).view(-1, teacher.config.vocab_size)
+        with (
+            torch.no_grad(),
+            torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"),
+        ):
+            t_logp = F.log_softmax(teacher(x).logits.float(), dim=-1).view(
+                -1, teacher.config.vocab_size
+            )
         t_p = t_logp.exp()
         losses = []
         for name, d in drafters.items():
@@ -367,15 +435,28 @@ def stage_drafters(args: argparse.Namespace) -> None:
         seen += x.numel()
         if step % 100 == 0 or step == 1:
             el = time.time() - t_start
-            log(f"step {step} p={progress:.3f} seq={seq} kl {' '.join(losses)} tok/s={seen / el:,.0f}")
+            log(
+                f"step {step} p={progress:.3f} seq={seq} kl {' '.join(losses)}"
+                f" tok/s={seen / el:,.0f}"
+            )
     train_s = time.time() - t_start
     ev = eval_heldout(teacher, held, dev, drafters)
     log(f"distillation done: {step} steps, {seen:,} tokens, {train_s:.0f}s; heldout {ev}")
-    result: dict[str, Any] = {"steps": step, "tokens_seen": seen, "train_seconds": round(train_s, 1),
-                              "peak_lr": args.lr, "tokens_per_step": tokens_per_step, "heldout_torch": ev,
-                              "drafters": {}}
+    result: dict[str, Any] = {
+        "steps": step,
+        "tokens_seen": seen,
+        "train_seconds": round(train_s, 1),
+        "peak_lr": args.lr,
+        "tokens_per_step": tokens_per_step,
+        "heldout_torch": ev,
+        "drafters": {},
+    }
     for name, d in drafters.items():
-        sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in d.state_dict().items() if k != "lm_head.weight"}
+        sd = {
+            k: v.detach().to(torch.bfloat16).contiguous()
+            for k, v in d.state_dict().items()
+            if k != "lm_head.weight"
+        }
         save_file(sd, str(out / f"drafter_{name}.safetensors"))
         (out / f"drafter_{name}_config.json").write_text(json.dumps(cfgs[name], indent=2) + "\n")
         result["drafters"][name] = {"params": n_params(d), **DRAFTERS[name]}
@@ -384,19 +465,32 @@ def stage_drafters(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("stage", choices=["target", "drafters"])
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--deadline", type=float, default=560.0, help="seconds from start by which to be done")
-    ap.add_argument("--reserve", type=float, default=25.0, help="seconds kept for evaluation and export")
+    ap.add_argument(
+        "--deadline", type=float, default=560.0, help="seconds from start by which to be done"
+    )
+    ap.add_argument(
+        "--reserve", type=float, default=25.0, help="seconds kept for evaluation and export"
+    )
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--max-steps", type=int, default=0)
-    ap.add_argument("--eval-tokens", type=int, default=0, help="cap on held-out tokens evaluated (smoke tests)")
-    ap.add_argument("--max-site-bytes", type=int, default=260_000_000, help="cap on site-packages text (smoke tests)")
+    ap.add_argument(
+        "--eval-tokens", type=int, default=0, help="cap on held-out tokens evaluated (smoke tests)"
+    )
+    ap.add_argument(
+        "--max-site-bytes",
+        type=int,
+        default=260_000_000,
+        help="cap on site-packages text (smoke tests)",
+    )
     ap.add_argument("--only", default="", help="comma-separated drafter names")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
