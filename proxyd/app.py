@@ -39,7 +39,7 @@ from proxyd.openai_api import parse_chat, parse_completion, tools_json
 from proxyd.responses import Answer, Kind
 from proxyd.hosted import HostedClient, Retry
 from proxyd.seat_client import SeatClient
-from shared.config import Config, RouteConfig, worker_endpoint
+from shared.config import Config, RouteConfig, control_endpoint, worker_endpoint
 from shared.errors import (
     AllRungsFailed,
     NoPrivateSeat,
@@ -49,7 +49,19 @@ from shared.errors import (
     Unauthorized,
     client_error,
 )
-from shared.protocol import Chunk, Failed, Final, Generate, Ok, Outcome, Rejected
+from shared.protocol import (
+    Chunk,
+    Failed,
+    Final,
+    Generate,
+    GetCounters,
+    Ok,
+    Outcome,
+    Rejected,
+    control_reply_decoder,
+    encode,
+)
+from shared.protocol import SeatCounters as SeatCountersReply
 
 log = structlog.get_logger()
 
@@ -105,6 +117,25 @@ class Proxy:
         await asyncio.gather(*(c.close() for c in self.clients.values()))
         if self.ctx is not None:
             self.ctx.term()
+
+    async def supervisor_totals(self) -> dict[str, dict[str, Any]]:
+        """Restart totals that seatd owns (restarts, memory_restarts); {} if it is away."""
+        assert self.ctx is not None
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(control_endpoint(self.config))
+        try:
+            await sock.send_multipart([b"", encode(GetCounters())])
+            frames = await asyncio.wait_for(sock.recv_multipart(), 1.0)
+            reply = control_reply_decoder.decode(frames[-1])
+        except (TimeoutError, zmq.ZMQError, ValueError):
+            return {}
+        finally:
+            sock.close(linger=0)
+        if not isinstance(reply, SeatCountersReply):
+            return {}
+        return {name: {k: v for k, v in c.items() if k in ("restarts", "memory_restarts")}
+                for name, c in reply.seats.items()}
 
     async def seat_counters(self) -> dict[str, dict[str, Any] | None]:
         local = {n: c for n, c in self.clients.items() if isinstance(c, SeatClient)}
@@ -211,86 +242,95 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
         response: web.StreamResponse | None = None
         texts: list[str] = []
         frames = client.frames(gen, seat_cfg.first_token_timeout_s, seat_cfg.stall_timeout_s)
-        async with aclosing(frames) as it:
-            async for frame in it:
-                if isinstance(frame, Chunk):
-                    answer.served = frame.served_if_ok
-                    if not gen.stream:
-                        texts.append(frame.text)
-                        if _gone(request):
+        try:
+            async with aclosing(frames) as it:
+                async for frame in it:
+                    if isinstance(frame, Chunk):
+                        answer.served = frame.served_if_ok
+                        if not gen.stream:
+                            texts.append(frame.text)
+                            if _gone(request):
+                                counters.inc("client_disconnects")
+                                record(name, Failed("client_disconnected"))
+                                return web.Response(status=499)
+                            continue
+                        if response is None:
+                            # Committing to this seat: it is the answering one.
+                            answer.attempts = attempts_header([*attempts, (name, Ok())])
+                            response = await _commit(request, answer, started)
+                        if _gone(request) or not await _write(
+                                response, responses.text_chunk(answer, frame.text)):
                             counters.inc("client_disconnects")
                             record(name, Failed("client_disconnected"))
-                            return web.Response(status=499)
+                            return response
                         continue
-                    if response is None:
-                        # Committing to this seat: it is the answering one.
-                        answer.attempts = attempts_header([*attempts, (name, Ok())])
-                        response = await _commit(request, answer, started)
-                    if _gone(request) or not await _write(
-                            response, responses.text_chunk(answer, frame.text)):
-                        counters.inc("client_disconnects")
-                        record(name, Failed("client_disconnected"))
+                    if isinstance(frame, Retry):
+                        # A hosted rung tries again: the failed try is listed, never served.
+                        attempts.append((name, frame.outcome))
+                        counters.inc("attempts", name, "failed")
+                        continue
+                    assert isinstance(frame, Final)
+                    outcome = frame.outcome
+                    record(name, outcome)
+                    phase = Phase.AFTER_COMMIT if response is not None else Phase.BEFORE_COMMIT
+                    step = decide(outcome, phase)
+                    log.info("attempt", request_id=rid, seat=name, outcome=outcome_label(outcome),
+                             phase=phase.value, step=step.value)
+                    if step is Step.NEXT_RUNG:
+                        counters.inc("fallbacks", fallback_reason(outcome))
+                        break
+                    if step is Step.RETURN_ERROR:
+                        assert isinstance(outcome, Rejected)
+                        if outcome.status == 413 and verdict.tokens is not None:
+                            # We admitted what the seat refused: the layers disagree.
+                            counters.inc("cap_disagreements")
+                            log.error("cap_disagreement", seat=name, proxy_tokens=verdict.tokens,
+                                      proxy_cap=verdict.cap,
+                                      seat_tokens=outcome.extra.get("prompt_tokens"),
+                                      seat_cap=outcome.extra.get("cap"))
+                        raise client_error(outcome.status, outcome.code, outcome.message,
+                                           attempts=attempts_header(attempts), **outcome.extra)
+                    if step is Step.ABORT_STREAM:
+                        assert response is not None
+                        counters.inc("midstream_aborts")
+                        reason = outcome_label(outcome)
+                        await _write(response, responses.error_event(
+                            f"seat {name} failed after the answer began ({reason}); "
+                            "the answer is incomplete", "midstream_failure",
+                            seat=name, attempts=attempts_header(attempts)))
                         return response
-                    continue
-                if isinstance(frame, Retry):
-                    # A hosted rung tries again: the failed try is listed, never served.
-                    attempts.append((name, frame.outcome))
-                    counters.inc("attempts", name, "failed")
-                    continue
-                assert isinstance(frame, Final)
-                outcome = frame.outcome
-                record(name, outcome)
-                phase = Phase.AFTER_COMMIT if response is not None else Phase.BEFORE_COMMIT
-                step = decide(outcome, phase)
-                log.info("attempt", request_id=rid, seat=name, outcome=outcome_label(outcome),
-                         phase=phase.value, step=step.value)
-                if step is Step.NEXT_RUNG:
-                    counters.inc("fallbacks", fallback_reason(outcome))
-                    break
-                if step is Step.RETURN_ERROR:
-                    assert isinstance(outcome, Rejected)
-                    if outcome.status == 413 and verdict.tokens is not None:
-                        # We admitted what the seat refused: the layers disagree.
-                        counters.inc("cap_disagreements")
-                        log.error("cap_disagreement", seat=name, proxy_tokens=verdict.tokens,
-                                  proxy_cap=verdict.cap,
-                                  seat_tokens=outcome.extra.get("prompt_tokens"),
-                                  seat_cap=outcome.extra.get("cap"))
-                    raise client_error(outcome.status, outcome.code, outcome.message,
-                                       attempts=attempts_header(attempts), **outcome.extra)
-                if step is Step.ABORT_STREAM:
-                    assert response is not None
-                    counters.inc("midstream_aborts")
-                    reason = outcome_label(outcome)
-                    await _write(response, responses.error_event(
-                        f"seat {name} failed after the answer began ({reason}); "
-                        "the answer is incomplete", "midstream_failure",
-                        seat=name, attempts=attempts_header(attempts)))
+                    if step is Step.STOP:
+                        return response or web.Response(status=499)
+                    # DONE
+                    counters.inc("answered_by", name)
+                    answer.served = frame.served
+                    answer.speculation = frame.speculation
+                    answer.upstream_model = frame.model
+                    answer.attempts = attempts_header(attempts)
+                    usage = responses.usage_body(frame.usage.prompt_tokens,
+                                                 frame.usage.completion_tokens,
+                                                 frame.usage.cached_tokens)
+                    log.info("answered", request_id=rid, seat=name, attempts=answer.attempts,
+                             prompt_tokens=frame.usage.prompt_tokens,
+                             completion_tokens=frame.usage.completion_tokens,
+                             ttft_s=round(frame.ttft_s, 4),
+                             elapsed_s=round(time.monotonic() - started, 4))
+                    if not gen.stream:
+                        body = responses.full_body(answer, "".join(texts), frame.finish_reason, usage)
+                        return web.json_response(body, headers=answer.headers(), dumps=_dumps)
+                    if response is None:
+                        response = await _commit(request, answer, started)
+                    await _write(response, responses.last_chunks(
+                        answer, frame.finish_reason, usage if include_usage else None))
                     return response
-                if step is Step.STOP:
-                    return response or web.Response(status=499)
-                # DONE
-                counters.inc("answered_by", name)
-                answer.served = frame.served
-                answer.speculation = frame.speculation
-                answer.upstream_model = frame.model
-                answer.attempts = attempts_header(attempts)
-                usage = responses.usage_body(frame.usage.prompt_tokens,
-                                             frame.usage.completion_tokens,
-                                             frame.usage.cached_tokens)
-                log.info("answered", request_id=rid, seat=name, attempts=answer.attempts,
-                         prompt_tokens=frame.usage.prompt_tokens,
-                         completion_tokens=frame.usage.completion_tokens,
-                         ttft_s=round(frame.ttft_s, 4),
-                         elapsed_s=round(time.monotonic() - started, 4))
-                if not gen.stream:
-                    body = responses.full_body(answer, "".join(texts), frame.finish_reason, usage)
-                    return web.json_response(body, headers=answer.headers(), dumps=_dumps)
-                if response is None:
-                    response = await _commit(request, answer, started)
-                await _write(response, responses.last_chunks(
-                    answer, frame.finish_reason, usage if include_usage else None))
-                return response
+        except asyncio.CancelledError:
+            # The proxy is stopping past its drain: end a begun answer honestly.
+            if response is not None:
+                counters.inc("midstream_aborts")
+                await _write(response, responses.error_event(
+                    "the proxy stopped before the answer was complete", "proxy_shutdown",
+                    seat=name))
+            raise
     # Every allowed rung failed or was skipped; nothing was sent.
     header = attempts_header(attempts)
     refused = context_refusal(attempts)
@@ -389,9 +429,13 @@ async def counters(request: web.Request) -> web.Response:
     proxy = request.app[PROXY]
     snapshot = proxy.counters.snapshot()
     snapshot["circuits"] = {n: b.circuit.value for n, b in proxy.breakers.items()}
+    seats = await proxy.seat_counters()
+    for name, totals in (await proxy.supervisor_totals()).items():
+        if seats.get(name) is not None:
+            seats[name].update(totals)  # type: ignore[union-attr]
     hosted = {n: {"served": c.served} for n, c in proxy.clients.items()
               if isinstance(c, HostedClient)}
-    return web.json_response({"proxy": snapshot, "seats": await proxy.seat_counters(),
+    return web.json_response({"proxy": snapshot, "seats": seats,
                               "hosted": hosted})
 
 

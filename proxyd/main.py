@@ -16,7 +16,9 @@ log = structlog.get_logger()
 
 async def run_proxy(config: Config) -> int:
     host, port = listen_address(config)
-    runner = web.AppRunner(make_app(config), handle_signals=False, access_log=None)
+    # In-flight answers get as long as the seats' drain; launchd's ExitTimeOut is longer.
+    runner = web.AppRunner(make_app(config), handle_signals=False, access_log=None,
+                           shutdown_timeout=config.seatd.drain_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:

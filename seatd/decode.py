@@ -32,7 +32,7 @@ from seatd.adaptive import DepthStats, observe
 from seatd.drafters import Drafter
 from seatd.sampling import KeyChain, sample
 from seatd.stops import scan_stops
-from seatd.verify import verify_greedy, verify_sampled
+from seatd.verify import draft_probs, verify_greedy, verify_sampled
 from shared.protocol import SamplingParams
 
 log = structlog.get_logger()
@@ -160,7 +160,8 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
             n_arr, t_arr = verify_greedy(logits, draft.tokens[None])
         else:
             probs = draft.probs[None] if draft.probs is not None else None
-            n_arr, t_arr = verify_sampled(logits, draft.tokens[None], probs, params, keys.next())
+            n_arr, t_arr = verify_sampled(draft_probs(logits, params), draft.tokens[None], probs,
+                                          keys.next())
         mx.eval(n_arr, t_arr, draft.tokens)
         kept, token = int(n_arr.item()), int(t_arr.item())
         drafted = draft.k

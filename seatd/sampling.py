@@ -21,14 +21,14 @@ def filter_logits(logits: mx.array, params: SamplingParams) -> mx.array:
         kth = mx.sort(logits, axis=-1)[..., vocab - params.top_k : vocab - params.top_k + 1]
         logits = mx.where(logits < kth, -mx.inf, logits)
     if params.top_p < 1.0:
-        order = mx.argsort(-logits, axis=-1)
-        sorted_logits = mx.take_along_axis(logits, order, axis=-1)
+        # Keep the smallest set of best tokens whose mass reaches top_p: everything at or
+        # above the logit of the last token kept (one sort, no inverse permutation).
+        sorted_logits = -mx.sort(-logits, axis=-1)
         probs = mx.softmax(sorted_logits, axis=-1)
         before = mx.cumsum(probs, axis=-1) - probs
-        # Keep a token while the mass before it is under top_p: the first always stays.
-        sorted_logits = mx.where(before < params.top_p, sorted_logits, -mx.inf)
-        inverse = mx.argsort(order, axis=-1)
-        logits = mx.take_along_axis(sorted_logits, inverse, axis=-1)
+        kept = (before < params.top_p).sum(axis=-1, keepdims=True)
+        cutoff = mx.take_along_axis(sorted_logits, kept - 1, axis=-1)
+        logits = mx.where(logits >= cutoff, logits, -mx.inf)
     return logits
 
 

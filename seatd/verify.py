@@ -40,15 +40,15 @@ def verify_greedy(target_logits: mx.array, drafts: mx.array) -> tuple[mx.array, 
     return n, token
 
 
-def verify_sampled(target_logits: mx.array, drafts: mx.array, q: mx.array | None,
-                   params: SamplingParams, key: mx.array) -> tuple[mx.array, mx.array]:
-    """Rejection sampling.  q (B, k, V) are the drafter's probabilities, None for one-hot.
+def verify_sampled(p: mx.array, drafts: mx.array, q: mx.array | None,
+                   key: mx.array) -> tuple[mx.array, mx.array]:
+    """Rejection sampling.  p (B, k+1, V) are the target's probabilities (`draft_probs`
+    of its logits), q (B, k, V) the drafter's, None for a one-hot drafter.
 
     Returns (accepted (B,), next token (B,)): the residual draw at the first
     rejection, or the bonus draw from p after the last draft.
     """
     b, k = drafts.shape
-    p = draft_probs(target_logits, params)  # (B, k+1, V)
     p_head = p[:, :k, :]
     p_x = mx.take_along_axis(p_head, drafts[..., None], axis=-1)[..., 0]  # (B, k)
     onehot = mx.zeros_like(p_head)

@@ -54,6 +54,8 @@ class SeatdConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     crash_window_s: Positive = 60.0
     backoff_initial_s: Positive = 0.5
     backoff_max_s: Positive = 30.0
+    # A FATAL seat is retried after this long; unset = it waits for `sanctum restart`.
+    fatal_cooldown_s: Positive | None = None
 
 
 class DrafterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -1,0 +1,250 @@
+"""Speculation gates on the real demo pair: distribution, rollback, declines.
+
+The fidelity gate (stream equals sync on every lane) runs through real
+processes in tests/test_spec_fidelity.py.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from seatd.adaptive import DepthStats
+from seatd.decode import Speculation, decode, make_cache
+from seatd.drafters import ModelDrafter
+from seatd.model_load import load_for_compute
+from seatd.speculation import SeatSpeculation, kill_switch
+from seatd.verify import draft_probs, verify_sampled
+from shared.config import parse_config
+from shared.protocol import Generate, SamplingParams
+from tests.spec_models import drafter_dir, snippet, target_dir
+
+pytestmark = pytest.mark.slow
+
+TRIALS = 20_000
+BATCH = 5_000  # trials per verify call, to bound memory (B x 2 x vocab floats)
+Z_999 = 3.090  # one-sided normal quantile for alpha = 0.001
+
+
+def chi2_critical(df: int, z: float = Z_999) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def chi_square(counts: np.ndarray, probs: np.ndarray, trials: int) -> tuple[float, int]:
+    """Pearson's statistic over bins expecting >= 5, the rest pooled in one bin."""
+    expected = probs * trials
+    big = expected >= 5
+    obs = list(counts[big]) + [counts[~big].sum()]
+    exp = list(expected[big]) + [expected[~big].sum()]
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True) if e > 0)
+    return float(stat), len(obs) - 1
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[Any, Any, Any, list[int]]]:
+    target = load_for_compute(target_dir())
+    drafter = load_for_compute(drafter_dir())
+    ids = target.tokenizer.encode(snippet())
+    yield target.model, drafter.model, target.tokenizer, ids
+
+
+def _logits(model: Any, ids: list[int]) -> mx.array:
+    cache = make_cache(model, "fp16")
+    return model(mx.array(ids, dtype=mx.uint32)[None], cache=cache)[0]  # (T, V)
+
+
+def _emitted(p_logits: mx.array, q_logits: mx.array | None, params: SamplingParams,
+             seed: int, fixed_draft: int | None = None) -> np.ndarray:
+    """First token emitted by one verify round of depth 1, over many trials."""
+    vocab = p_logits.shape[-1]
+    counts = np.zeros(vocab, dtype=np.int64)
+    p1 = draft_probs(p_logits[None, :], params)
+    target = mx.broadcast_to(p1[None], (BATCH, 2, vocab))
+    q1 = draft_probs(q_logits[None, :], params) if q_logits is not None else None
+    for i in range(TRIALS // BATCH):
+        key_d, key_v = mx.random.split(mx.random.key(seed * 1000 + i))
+        if q1 is None:
+            drafts = mx.full((BATCH, 1), fixed_draft, dtype=mx.uint32)
+            q = None
+        else:
+            drafts = mx.random.categorical(mx.log(q1), num_samples=BATCH, key=key_d).T
+            q = mx.broadcast_to(q1[None], (BATCH, 1, vocab))
+        n, token = verify_sampled(target, drafts, q, key_v)
+        first = mx.where(n > 0, drafts[:, 0], token)
+        counts += np.bincount(np.array(first), minlength=vocab)
+    return counts
+
+
+def _spread_positions(p_all: mx.array, params: SamplingParams) -> tuple[int, int]:
+    """The position whose filtered target distribution is widest (a test with many bins),
+    and another whose most likely token differs (for the sabotage)."""
+    probs = draft_probs(p_all, params)
+    entropy = -(probs * mx.log(mx.maximum(probs, 1e-30))).sum(axis=-1)
+    a = int(mx.argmax(entropy).item())
+    best = mx.argmax(p_all, axis=-1)
+    others = [i for i in range(p_all.shape[0]) if int(best[i].item()) != int(best[a].item())]
+    return a, others[len(others) // 2]
+
+
+@pytest.mark.parametrize("temperature", [0.4, 0.7, 1.0])
+def test_rejection_sampler_follows_target_distribution(pair, temperature: float) -> None:
+    """Emitted tokens follow p (chi-square at alpha 0.001); the sabotaged pairing fails."""
+    target, drafter, _, ids = pair
+    params = SamplingParams(temperature=temperature, top_p=0.95)
+    p_all, q_all = _logits(target, ids), _logits(drafter, ids)
+    pos_a, pos_b = _spread_positions(p_all, params)
+    p_a, p_b, q_a = p_all[pos_a], p_all[pos_b], q_all[pos_a]
+    probs_a = np.array(draft_probs(p_a[None], params)[0], dtype=np.float64)
+
+    counts = _emitted(p_a, q_a, params, seed=11)
+    stat, df = chi_square(counts, probs_a, TRIALS)
+    crit = chi2_critical(df)
+    print(f"T={temperature}: chi2={stat:.1f} df={df} critical(0.001)={crit:.1f}")
+    assert stat < crit
+
+    # Lookup drafter: one-hot proposal of q's favourite token.
+    onehot = _emitted(p_a, None, params, seed=12, fixed_draft=int(mx.argmax(q_a).item()))
+    stat1, df1 = chi_square(onehot, probs_a, TRIALS)
+    print(f"T={temperature} one-hot: chi2={stat1:.1f} df={df1} critical={chi2_critical(df1):.1f}")
+    assert stat1 < chi2_critical(df1)
+
+    # Sabotage: proposals from position A verified against position B's target.
+    sabotaged = _emitted(p_b, q_a, params, seed=13)
+    stat2, df2 = chi_square(sabotaged, probs_a, TRIALS)
+    print(f"T={temperature} sabotage: chi2={stat2:.1f} df={df2} critical={chi2_critical(df2):.1f}")
+    assert stat2 > chi2_critical(df2)
+
+
+def _state(cache: list[Any]) -> list[np.ndarray]:
+    out = []
+    for c in cache:
+        keys, values = c.state[0], c.state[1]
+        for part in (keys, values):
+            for arr in (part if isinstance(part, list | tuple) else [part]):
+                out.append(np.array(arr[..., : c.offset, :]))
+    return out
+
+
+@pytest.mark.parametrize("kv", ["fp16", "q8"])
+def test_rollback_is_exact_at_every_acceptance_length(pair, kv: str) -> None:
+    """A cache trimmed after a partial accept equals one fed only the kept tokens, bit for bit,
+    and the next step's logits agree exactly."""
+    target, _, _, ids = pair
+    prompt, drafts, k = ids[:48], ids[48:52], 4
+    for kept in range(k + 1):
+        a = make_cache(target, kv)
+        target(mx.array(prompt[:-1], dtype=mx.uint32)[None], cache=a)
+        target(mx.array([prompt[-1], *drafts], dtype=mx.uint32)[None], cache=a)
+        for c in a:
+            c.trim(k - kept)
+        b = make_cache(target, kv)
+        target(mx.array(prompt[:-1], dtype=mx.uint32)[None], cache=b)
+        target(mx.array([prompt[-1], *drafts[:kept]], dtype=mx.uint32)[None], cache=b)
+        assert [c.offset for c in a] == [c.offset for c in b]
+        for x, y in zip(_state(a), _state(b), strict=True):
+            assert np.array_equal(x, y), f"kv={kv} kept={kept}: cache differs"
+        nxt = mx.array([[ids[60]]], dtype=mx.uint32)
+        la, lb = target(nxt, cache=a), target(nxt, cache=b)
+        assert np.array_equal(np.array(la), np.array(lb)), f"kv={kv} kept={kept}: logits differ"
+
+
+class RaisingDrafter(ModelDrafter):
+    """A drafter whose fault cannot be produced on demand otherwise: it raises on round N."""
+
+    def __init__(self, model: Any, fail_at: int) -> None:
+        super().__init__(model)
+        self.fail_at = fail_at
+        self.rounds = 0
+
+    def propose(self, *args: Any, **kw: Any) -> Any:
+        self.rounds += 1
+        if self.rounds >= self.fail_at:
+            raise RuntimeError("drafter exploded")
+        return super().propose(*args, **kw)
+
+
+@pytest.mark.parametrize("fail_at", [1, 3])
+def test_drafter_exception_is_a_decline_not_a_failure(pair, fail_at: int) -> None:
+    """A drafter raising mid-request: the answer completes on the plain path, declined."""
+    target, drafter, tok, ids = pair
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    spec = Speculation(RaisingDrafter(drafter, fail_at), 3, DepthStats())
+    result = decode(target, tok, ids[:64], params, kv="fp16", context_length=2048, spec=spec)
+    assert result.speculation.state == "declined:drafter_error"
+    assert result.completion_tokens == 40 or result.finish_reason == "stop"
+    if fail_at == 1:
+        plain = decode(target, tok, ids[:64], params, kv="fp16", context_length=2048)
+        assert result.text == plain.text
+
+
+def _seat_config(draft_path: Path, **extra: str) -> Any:
+    lines = "\n".join(f"{k} = {v}" for k, v in extra.items())
+    return parse_config(f"""
+[[seat]]
+name = "s"
+model = "{target_dir()}"
+drafter = {{ kind = "model", path = "{draft_path}" }}
+{lines}
+[[route]]
+model = "s"
+ladder = ["s"]
+""")
+
+
+def test_declines_with_reasons(pair, tmp_path: Path, monkeypatch) -> None:
+    """Kill switch, a drafter with another tokenizer, a drafter that cannot load."""
+    target, _, tok, _ = pair
+    from shared.builtin import tokenizer_hash
+
+    h = tokenizer_hash(target_dir())
+    req = Generate("r", False, SamplingParams())
+    config = _seat_config(drafter_dir(), draft_depth="3")
+    spec = SeatSpeculation(config, config.seat[0], target, h)
+    assert spec.plan(req, "fp16").drafter is not None
+    monkeypatch.setenv("SANCTUM_SPECULATION", "0")
+    assert kill_switch(config.seat[0])
+    assert spec.plan(req, "fp16").decline == "kill_switch"
+    monkeypatch.delenv("SANCTUM_SPECULATION")
+
+    other = tmp_path / "other-drafter"
+    shutil.copytree(drafter_dir(), other)
+    tj = other / "tokenizer_config.json"
+    tj.write_text(tj.read_text() + "\n")
+    config = _seat_config(other)
+    assert SeatSpeculation(config, config.seat[0], target, h).plan(req, "fp16").decline \
+        == "tokenizer_mismatch"
+
+    config = _seat_config(tmp_path / "missing")
+    assert SeatSpeculation(config, config.seat[0], target, h).plan(req, "fp16").decline \
+        == "no_drafter"
+
+
+def test_non_rollbackable_cache_declines() -> None:
+    """A recurrent model's cache cannot be trimmed: speculation declines, it does not fail."""
+    from mlx_lm.models import mamba
+
+    args = mamba.ModelArgs(model_type="mamba", vocab_size=64, hidden_size=32,
+                           intermediate_size=64, state_size=4, num_hidden_layers=2,
+                           conv_kernel=3, use_bias=False, use_conv_bias=True, time_step_rank=4)
+    model = mamba.Model(args)
+    config = parse_config(f"""
+[[seat]]
+name = "s"
+model = "unused"
+drafter = {{ kind = "lookup" }}
+[[route]]
+model = "s"
+ladder = ["s"]
+""")
+    spec = SeatSpeculation(config, config.seat[0], model, "h")
+    for kv in ("fp16", "q8"):
+        assert spec.plan(Generate("r", False, SamplingParams()), kv).decline == \
+            "cache_not_rollbackable"
