@@ -14,7 +14,7 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check shared seatd proxyd sanctum tests
-	$(VENV)/bin/mypy shared seatd/states.py seatd/stops.py proxyd/ladder.py \
+	$(VENV)/bin/mypy shared seatd/states.py seatd/stops.py seatd/prefix_cache.py proxyd/ladder.py \
 		proxyd/retry.py proxyd/sse.py proxyd/hosted.py
 
 # Every comparison, interleaved, then docs/BENCHMARKS.md and its plots.
