@@ -30,6 +30,7 @@ PLAIN = (
     "spec_drafts",
     "spec_draft_tokens",
     "spec_accepted_tokens",
+    "prompt_cache_lookups",
     "prompt_cache_hits",
     "prompt_cache_reused_tokens",
     "bad_frames",
@@ -39,7 +40,8 @@ LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens")
 REFUSED_SAMPLE = 512
 # Counted per lane as well as in total.
 PER_LANE = ("served", "prompt_tokens", "completion_tokens", "accelerated", "declined",
-            "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens")
+            "spec_drafts", "spec_draft_tokens", "spec_accepted_tokens",
+            "prompt_cache_lookups", "prompt_cache_hits", "prompt_cache_reused_tokens")
 
 
 class SeatCounters:
@@ -53,6 +55,8 @@ class SeatCounters:
         self.positions: list[int] = []  # spec_accepted_per_position, all lanes
         self.incarnation = 1
         self.started_at = time.time()
+        # The prompt cache's state now (not totals: a new incarnation starts empty).
+        self.gauges: dict[str, int] = {"prompt_cache_entries": 0, "prompt_cache_bytes": 0}
         self._load()
 
     def _load(self) -> None:
@@ -103,6 +107,15 @@ class SeatCounters:
         elif state.startswith("declined:"):
             self.inc("declined", label=state.split(":", 1)[1], lane=lane)
 
+    def prompt_cache(self, tally: Any, lane: str, entries: int, nbytes: int) -> None:
+        """Add what the prompt cache did (a prefix_cache.Tally) and its size now."""
+        self.inc("prompt_cache_lookups", tally.lookups, lane=lane)
+        self.inc("prompt_cache_hits", tally.hits, lane=lane)
+        self.inc("prompt_cache_reused_tokens", tally.reused_tokens, lane=lane)
+        for reason, tokens in tally.discarded.items():
+            self.inc("prompt_cache_discarded_tokens", tokens, label=reason)
+        self.gauges = {"prompt_cache_entries": entries, "prompt_cache_bytes": nbytes}
+
     @staticmethod
     def _position(into: list[int], i: int, n: int) -> None:
         while len(into) <= i:
@@ -124,6 +137,7 @@ class SeatCounters:
         out["lanes"] = json.loads(json.dumps(self.lanes))
         r = summarise(self.labelled["rejected"].get("413", 0), self.refused_sample)
         out["refused_prompts"] = {"count": r.count, "median": r.median, "max": r.max}
+        out.update(self.gauges)
         out["incarnation"] = self.incarnation
         out["started_at"] = self.started_at
         return out

@@ -15,6 +15,12 @@ Tokens come from one of two sources, consumed by the same loop below:
 
 Speculation declines, never fails: a drafter that raises hands the request to
 the plain source at the exact point it had reached.
+
+Prefill runs in chunks whose boundaries sit at multiples of PREFILL_CHUNK in
+absolute position.  A request resumed from a cached prefix on that grid
+(`Resume`) therefore computes the rest in exactly the chunks a cold request
+would: chunk shapes change float reduction orders, and warm output must equal
+cold output byte for byte.
 """
 
 from __future__ import annotations
@@ -74,6 +80,21 @@ class DecodeResult:
     prompt_tokens: int
     completion_tokens: int
     speculation: SpecReport = field(default_factory=SpecReport)
+    cached_tokens: int = 0
+
+
+@dataclass
+class Resume:
+    """Where prefill starts, and where it hands its cache to the prompt cache.
+
+    `cache` holds the prompt's first `start` tokens (a grid position); None = cold.
+    When prefill reaches `keep_at` (a grid position), it calls `keep(cache)`.
+    """
+
+    cache: list[Any] | None = None
+    start: int = 0
+    keep_at: int = 0
+    keep: Callable[[list[Any]], None] | None = None
 
 
 def _kv_group_size(model: Any) -> int:
@@ -96,14 +117,16 @@ def make_cache(model: Any, kv: str) -> list[Any]:
 
 
 def prefill(model: Any, cache: list[Any], prompt: mx.array, upto: int,
-            cancelled: Callable[[], bool]) -> None:
-    """Feed prompt[:upto] in chunks; between chunks the worker can see a cancel."""
-    done = 0
+            cancelled: Callable[[], bool], resume: Resume | None = None) -> None:
+    """Feed prompt[start:upto] in grid chunks; between chunks the worker can see a cancel."""
+    done = resume.start if resume is not None else 0
     while done < upto:
-        n = min(PREFILL_CHUNK, upto - done)
+        n = min(PREFILL_CHUNK - done % PREFILL_CHUNK, upto - done)
         model(prompt[None, done : done + n], cache=cache)
         mx.eval([c.state for c in cache])
         done += n
+        if resume is not None and resume.keep is not None and done == resume.keep_at:
+            resume.keep(cache)
         if cancelled():
             raise DecodeCancelled
 
@@ -195,9 +218,15 @@ def decode(
     cancelled: Callable[[], bool] = lambda: False,
     on_token: Callable[[int], None] | None = None,
     spec: Speculation | None = None,
+    resume: Resume | None = None,
 ) -> DecodeResult:
     """Generate for one request.  `emit(text, completion_tokens)` gets committed text."""
-    cache = make_cache(model, kv)
+    if resume is not None and resume.cache is not None and resume.start > 0:
+        cache = resume.cache
+    else:
+        cache = make_cache(model, kv)
+        resume = Resume(None, 0, resume.keep_at, resume.keep) if resume is not None else None
+    cached = resume.start if resume is not None else 0
     prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
     n_prompt = len(prompt_ids)
     budget = min(params.max_tokens, max(context_length - n_prompt, 0))
@@ -216,7 +245,7 @@ def decode(
     if budget == 0:
         return DecodeResult("", "length", n_prompt, 0, report)
 
-    prefill(model, cache, prompt, n_prompt - 1, cancelled)
+    prefill(model, cache, prompt, n_prompt - 1, cancelled, resume)
     y = int(prompt_ids[-1])
     source: Iterator[int]
     if spec is None or spec.drafter is None and spec.decline is None:
@@ -272,4 +301,4 @@ def decode(
     if spec is not None and report.state == "declined:not_profitable" and produced:
         # Plain decoding's own speed is what speculation has to beat.
         observe(spec.stats, 0, 0, (time.perf_counter() - started) / produced)
-    return DecodeResult("".join(pieces), finish, n_prompt, produced, report)
+    return DecodeResult("".join(pieces), finish, n_prompt, produced, report, cached)

@@ -27,6 +27,7 @@ import zmq.asyncio
 
 from seatd import blas
 from seatd.counters import SeatCounters
+from seatd.prompt_cache import SeatPromptCache
 from seatd.speculation import SeatSpeculation
 from seatd.decode import DecodeCancelled, DecodeResult, decode
 from shared import exitcodes, lifecycle, protocol
@@ -80,6 +81,7 @@ class Loaded:
     tokenizer_hash: str
     cap: int
     speculation: SeatSpeculation
+    prompt_cache: SeatPromptCache
 
 
 class SeatWorker:
@@ -188,7 +190,7 @@ class SeatWorker:
         cap = self.seat.max_prompt_tokens or default_seat_cap(got.context_length)
         spec = SeatSpeculation(self.config, self.seat, got.model, got.tokenizer_hash)
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,
-                      spec)
+                      spec, SeatPromptCache(self.seat, got.model))
 
     def tokenize(self, request: Generate) -> list[int]:
         assert self.loaded is not None
@@ -222,15 +224,26 @@ class SeatWorker:
             self.tokens_generated += 1
 
         kv = request.kv or self.seat.kv
-        result = decode(
-            self.loaded.model, self.loaded.tokenizer, prompt, request.params,
-            kv=kv,
-            context_length=self.loaded.context_length,
-            emit=emit,
-            cancelled=lambda: request.request_id in self.cancelled,
-            on_token=progress,
-            spec=self.loaded.speculation.plan(request, kv),
-        )
+        plan = loaded.prompt_cache.begin(request, kv, prompt, request.params.max_tokens)
+        try:
+            result = decode(
+                self.loaded.model, self.loaded.tokenizer, prompt, request.params,
+                kv=kv,
+                context_length=self.loaded.context_length,
+                emit=emit,
+                cancelled=lambda: request.request_id in self.cancelled,
+                on_token=progress,
+                spec=self.loaded.speculation.plan(request, kv),
+                resume=plan.resume,
+            )
+        except DecodeCancelled:
+            loaded.prompt_cache.finish(plan, ok=True)
+            raise
+        except Exception:
+            # An error during generation: drop the entry it resumed from.
+            loaded.prompt_cache.finish(plan, ok=False)
+            raise
+        loaded.prompt_cache.finish(plan, ok=True)
         return Ok(), result, len(prompt)
 
     async def serve(self) -> None:
@@ -273,6 +286,9 @@ class SeatWorker:
                 n_prompt: int, started: float, first: list[float]) -> Final:
         c = self.counters
         ttft = (first[0] if first else time.monotonic()) - started
+        if self.loaded is not None:
+            c.prompt_cache(self.loaded.prompt_cache.drain(), lane,
+                           self.loaded.prompt_cache.entries, self.loaded.prompt_cache.nbytes)
         match outcome:
             case Ok():
                 assert result is not None
@@ -304,7 +320,7 @@ class SeatWorker:
         return self.final(
             job, outcome,
             finish_reason=result.finish_reason,
-            usage=Usage(result.prompt_tokens, result.completion_tokens),
+            usage=Usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens),
             speculation=result.speculation.state,
             ttft_s=ttft,
         )

@@ -99,6 +99,9 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     backoff_initial_s: Positive = 0.5
     backoff_max_s: Positive = 8.0
     retry_after_max_s: Annotated[float, msgspec.Meta(ge=0)] = 20.0
+    # local (mlx) seats: the prompt cache (seatd/prompt_cache.py).  Megabytes of KV
+    # kept for prompt prefixes, the request in flight's own KV included; 0 = off.
+    prompt_cache_mb: Annotated[int, msgspec.Meta(ge=0)] = 512
 
 
 class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

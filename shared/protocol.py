@@ -89,6 +89,8 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     speculation: bool | None = None
     # The request's tools as JSON, rendered by the chat template like the messages.
     tools_json: str | None = None
+    # False: this request neither reuses nor leaves a cached prompt prefix.
+    prompt_cache: bool | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):

@@ -1,0 +1,175 @@
+"""The seat's prompt cache: MLX cache copies under the policy of `prefix_cache`.
+
+Per request, on the MLX thread:
+
+    plan = cache.begin(request, kv, prompt, max_new)   lookup, restore, reserve
+    decode(..., resume=plan.resume)                     prefill keeps a copy on the grid
+    cache.finish(plan, ok)                              insert the copy, or invalidate
+
+What is stored is the KV of the prompt up to its last prefill-grid position
+(`PREFILL_CHUNK`): exactly what a cold request computes in the same chunks, so a
+warm answer equals a cold one byte for byte.  Generated tokens are not stored:
+they were computed one step (or one verify block) at a time, which a later cold
+prefill would not reproduce bit for bit.  The drafter's cache is rebuilt from the
+prompt by `ModelDrafter.start`, so it is never wrong.
+
+Entries never alias the live cache that decoding mutates: a copy is sliced to
+its length and made contiguous; a restore hands decoding new array objects, and
+the first write past a restored length reallocates.
+
+Off: `prompt_cache_mb = 0`, `SANCTUM_PROMPT_CACHE=off`, or a request's
+`sanctum.prompt_cache = false` (no lookup, nothing kept).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import structlog
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models import cache as mlx_cache
+
+from seatd.decode import PREFILL_CHUNK, Resume, make_cache
+from seatd.prefix_cache import Entry, PrefixCache, Tally
+from shared.config import SeatConfig
+from shared.protocol import Generate
+
+log = structlog.get_logger()
+
+OFF_VALUES = ("off", "0", "false", "no")
+# KV caches of these types can be cut to any shorter length; anything else
+# (recurrent or rotating state) resumes only at its exact stored length.
+TRIMMABLE = (mlx_cache.KVCache, mlx_cache.QuantizedKVCache)
+
+
+def kill_switch() -> bool:
+    return os.environ.get("SANCTUM_PROMPT_CACHE", "on").strip().lower() in OFF_VALUES
+
+
+def trimmable(cache: list[Any]) -> bool:
+    return all(type(c) in TRIMMABLE for c in cache)
+
+
+def _nbytes(state: Any) -> int:
+    leaves: Any = tree_flatten(state)
+    return sum(int(x.nbytes) for _, x in leaves if isinstance(x, mx.array))
+
+
+def _layer_copy(layer: Any, n: int | None) -> Any:
+    """A copy of one layer's cache with new arrays; KV layers cut to `n` tokens."""
+    new = copy.copy(layer)
+    if type(layer) in TRIMMABLE:
+        if layer.keys is None:
+            return new
+
+        def cut(x: mx.array) -> mx.array:
+            return mx.contiguous(x[..., :n, :])
+
+        new.keys, new.values = tree_map(cut, (layer.keys, layer.values))
+        new.offset = n
+        return new
+    new.state = tree_map(lambda x: mx.contiguous(x) if isinstance(x, mx.array) else x,
+                         layer.state)
+    return new
+
+
+def snapshot(cache: list[Any], n: int) -> list[Any]:
+    """A compact, evaluated copy of `cache` holding its first `n` tokens."""
+    out = [_layer_copy(c, n) for c in cache]
+    mx.eval([c.state for c in out])
+    return out
+
+
+def restore(stored: list[Any], n: int) -> list[Any]:
+    """A live cache resuming from a stored one at `n` tokens (cut when trimmable)."""
+    return [_layer_copy(c, n) for c in stored]
+
+
+@dataclass
+class Plan:
+    resume: Resume | None = None
+    entry: Entry | None = None  # the entry resumed from
+    namespace: str = ""
+    tokens: tuple[int, ...] = ()
+    trimmable: bool = True
+    kept: list[Any] | None = None
+
+
+class SeatPromptCache:
+    def __init__(self, seat: SeatConfig, model: Any) -> None:
+        self.seat = seat
+        self.model = model
+        self.policy = PrefixCache(seat.prompt_cache_mb * 1024 * 1024, align=PREFILL_CHUNK)
+        self._per_step: dict[str, tuple[int, bool]] = {}
+
+    def enabled(self, request: Generate) -> bool:
+        return (self.policy.budget > 0 and not kill_switch()
+                and request.prompt_cache is not False)
+
+    def _measure(self, kv: str) -> tuple[int, bool]:
+        """(bytes a fresh cache allocates for one KV step of 256 tokens, trimmable)."""
+        if kv not in self._per_step:
+            cache = make_cache(self.model, kv)
+            self.model(mx.array([[0]], dtype=mx.uint32), cache=cache)
+            mx.eval([c.state for c in cache])
+            self._per_step[kv] = (_nbytes([c.state for c in cache]), trimmable(cache))
+        return self._per_step[kv]
+
+    def begin(self, request: Generate, kv: str, prompt: list[int], max_new: int) -> Plan:
+        if not self.enabled(request) or len(prompt) < 2:
+            return Plan()
+        per_step, can_trim = self._measure(kv)
+        tokens = tuple(prompt)
+        keep_at = (len(prompt) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+        plan = Plan(namespace=kv, tokens=tokens[:keep_at], trimmable=can_trim)
+        hit = self.policy.lookup(kv, tokens, len(prompt) - 1)
+        steps = -(-(len(prompt) + max_new) // 256)
+        # The live cache grows in steps of 256 tokens; the kept copy is compact.
+        self.policy.reserve(per_step * steps + per_step * keep_at // 256)
+        cache = None
+        if hit.entry is not None:
+            try:
+                cache = restore(hit.entry.value, hit.reuse)
+            except Exception as exc:  # a fast path declines: serve cold, drop the entry
+                log.warning("prompt_cache_restore_failed", error=repr(exc))
+                self.policy.invalidate(hit.entry)
+                hit = type(hit)(None, 0)
+        plan.entry = hit.entry
+
+        def keep(live: list[Any]) -> None:
+            plan.kept = snapshot(live, keep_at)
+
+        wants = keep_at > hit.reuse
+        plan.resume = Resume(cache, hit.reuse if cache is not None else 0,
+                             keep_at if wants else 0, keep if wants else None)
+        return plan
+
+    def finish(self, plan: Plan, ok: bool) -> None:
+        """After the request: keep its copy, or, after an error, drop what it touched."""
+        try:
+            if not ok:
+                if plan.entry is not None:
+                    self.policy.invalidate(plan.entry)
+                return
+            if plan.kept is not None:
+                self.policy.insert(plan.namespace, plan.tokens,
+                                   _nbytes([c.state for c in plan.kept]), plan.trimmable,
+                                   plan.kept)
+        finally:
+            plan.kept = None
+            self.policy.release()
+
+    def drain(self) -> Tally:
+        return self.policy.drain()
+
+    @property
+    def entries(self) -> int:
+        return len(self.policy.entries)
+
+    @property
+    def nbytes(self) -> int:
+        return self.policy.nbytes

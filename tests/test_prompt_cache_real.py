@@ -1,0 +1,143 @@
+"""The prompt cache on the real demo pair, in process: a warm answer equals the cold
+answer byte for byte on both KV lanes, speculation on and off, at temperatures 0
+and 0.7; a conversation reuses its previous turn (the counters say so); the byte
+budget holds under a stream of distinct long prompts."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from seatd.adaptive import DepthStats
+from seatd.counters import SeatCounters
+from seatd.decode import PREFILL_CHUNK, DecodeResult, Speculation, decode
+from seatd.drafters import ModelDrafter
+from seatd.model_load import load_for_compute
+from seatd.prompt_cache import SeatPromptCache
+from shared.config import SeatConfig
+from shared.protocol import Generate, SamplingParams
+from tests.spec_models import HELDOUT, drafter_dir, target_dir
+
+pytestmark = pytest.mark.slow
+
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[Any, Any, Any, list[int]]]:
+    target = load_for_compute(target_dir())
+    drafter = load_for_compute(drafter_dir())
+    text = "\n\n".join(p.read_text() for p in sorted(HELDOUT.glob("*.py")))
+    ids = target.tokenizer.encode(text)[:1400]
+    assert len(ids) > PREFILL_CHUNK * 2 + 200
+    yield target.model, drafter.model, target.tokenizer, ids
+
+
+def _run(pair: Any, cache: SeatPromptCache | None, prompt: list[int], kv: str, temp: float,
+         spec: bool, use_cache: bool = True) -> DecodeResult:
+    target, drafter, tok, _ = pair
+    params = SamplingParams(temperature=temp, max_tokens=MAX_NEW, seed=7)
+    request = Generate("r", False, params, prompt_cache=use_cache)
+    plan = cache.begin(request, kv, prompt, MAX_NEW) if cache is not None else None
+    sp = Speculation(ModelDrafter(drafter), 3, DepthStats()) if spec else None
+    try:
+        result = decode(target, tok, prompt, params, kv=kv, context_length=2048, spec=sp,
+                        resume=plan.resume if plan else None)
+    except Exception:
+        if cache is not None and plan is not None:
+            cache.finish(plan, ok=False)
+        raise
+    if cache is not None and plan is not None:
+        cache.finish(plan, ok=True)
+    return result
+
+
+def _seat(mb: int = 256) -> SeatConfig:
+    return SeatConfig(name="s", model="builtin:demo", prompt_cache_mb=mb)
+
+
+@pytest.mark.parametrize("kv", ["fp16", "q8"])
+def test_warm_output_equals_cold_output(pair, kv: str) -> None:
+    """Turn 2 resumed from turn 1's cached prefix answers exactly as a cold turn 2,
+    speculation on and off, temperatures 0 and 0.7 (one entry reused four times)."""
+    target, _, tok, ids = pair
+    cache = SeatPromptCache(_seat(), target)
+    turn1 = ids[: PREFILL_CHUNK + 8]
+    first = _run(pair, cache, turn1, kv, 0.0, False)
+    assert first.cached_tokens == 0 and cache.entries == 1
+    turn2 = turn1 + tok.encode(first.text) + ids[PREFILL_CHUNK + 8 : PREFILL_CHUNK + 60]
+    for spec in (False, True):
+        for temp in (0.0, 0.7):
+            cold = _run(pair, None, turn2, kv, temp, spec)
+            warm = _run(pair, cache, turn2, kv, temp, spec)
+            assert warm.cached_tokens == PREFILL_CHUNK, (spec, temp)
+            assert cold.cached_tokens == 0
+            assert warm.text == cold.text, (kv, spec, temp)
+            assert warm.completion_tokens == cold.completion_tokens
+    tally = cache.drain()
+    assert tally.hits == 4 and tally.reused_tokens == 4 * PREFILL_CHUNK
+    assert not tally.discarded
+
+
+def test_conversation_reuses_the_previous_turn(pair) -> None:
+    """Turn N resumes from turn N-1's prefix; the seat's counters prove it; the last
+    turn still equals a cold answer, and a request may opt out."""
+    target, _, tok, ids = pair
+    cache = SeatPromptCache(_seat(), target)
+    counters = SeatCounters("s", None)
+    lane = "sync/fp16"
+    # Each turn adds the answer and a new message; turns 2 and 3 pass a grid point.
+    cuts = [PREFILL_CHUNK + 20, 2 * PREFILL_CHUNK + 20, 2 * PREFILL_CHUNK + 60]
+    prompt = ids[: cuts[0]]
+    reused: list[int] = []
+    result = None
+    for turn in range(3):
+        result = _run(pair, cache, prompt, "fp16", 0.7, True)
+        counters.prompt_cache(cache.drain(), lane, cache.entries, cache.nbytes)
+        reused.append(result.cached_tokens)
+        if turn < 2:
+            prompt = prompt + tok.encode(result.text) + ids[cuts[turn] : cuts[turn + 1]]
+    assert reused == [0, PREFILL_CHUNK, 2 * PREFILL_CHUNK]
+    snap = counters.snapshot()
+    assert snap["prompt_cache_lookups"] == 3
+    assert snap["prompt_cache_hits"] == 2
+    assert snap["prompt_cache_reused_tokens"] == 3 * PREFILL_CHUNK
+    assert snap["lanes"][lane]["prompt_cache_hits"] == 2
+    # Turn 2's entry extends turn 1's, which it supersedes: one entry per conversation.
+    assert snap["prompt_cache_entries"] == 1 and snap["prompt_cache_bytes"] > 0
+    assert snap["prompt_cache_discarded_tokens"] == {}
+    cold = _run(pair, None, prompt, "fp16", 0.7, True)
+    assert result is not None and result.text == cold.text
+    opted_out = _run(pair, cache, prompt, "fp16", 0.7, True, use_cache=False)
+    assert opted_out.cached_tokens == 0 and opted_out.text == cold.text
+
+
+def test_budget_holds_under_distinct_long_prompts(pair) -> None:
+    """Distinct long prompts: entries plus the request in flight never exceed the
+    budget; old entries are evicted and counted."""
+    target = pair[0]
+    mb = 40
+    cache = SeatPromptCache(_seat(mb), target)
+    policy = cache.policy
+    seen: list[int] = []
+    real_reserve = policy.reserve
+
+    def reserve(nbytes: int) -> None:
+        real_reserve(nbytes)
+        seen.append(policy.nbytes + policy.reserved)
+
+    policy.reserve = reserve  # type: ignore[method-assign]
+    rng = random.Random(3)
+    for _ in range(5):
+        prompt = [rng.randrange(3, 4000) for _ in range(PREFILL_CHUNK + 40)]
+        _run(pair, cache, prompt, "fp16", 0.0, False)
+        seen.append(policy.nbytes)
+        assert policy.nbytes <= mb * 1024 * 1024
+    assert max(seen) <= mb * 1024 * 1024
+    tally = cache.drain()
+    assert tally.hits == 0 and tally.lookups == 5
+    assert tally.discarded.get("evicted", 0) >= 2 * PREFILL_CHUNK
+    assert 1 <= cache.entries <= 3
