@@ -1,5 +1,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# MLX's Linux CPU wheel links the reference BLAS; tests that run models in-process
+# preload OpenBLAS like seatd does for its workers (empty, and harmless, elsewhere).
+OPENBLAS := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /usr/lib/aarch64-linux-gnu/libopenblas.so.0))
 
 .PHONY: setup up test lint bench
 
@@ -10,7 +13,7 @@ up: setup
 	$(VENV)/bin/sanctum up
 
 test: setup
-	$(PY) -m pytest
+	LD_PRELOAD=$(OPENBLAS) $(PY) -m pytest
 
 lint: setup
 	$(VENV)/bin/ruff check shared seatd proxyd sanctum tests

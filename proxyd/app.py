@@ -35,7 +35,7 @@ from proxyd.ladder import (
     outcome_label,
     plan,
 )
-from proxyd.openai_api import parse_chat, parse_completion, tools_json
+from proxyd.openai_api import overrides, parse_chat, parse_completion, tools_json
 from proxyd.responses import Answer, Kind
 from proxyd.hosted import HostedClient, Retry
 from proxyd.seat_client import SeatClient
@@ -388,7 +388,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     rid = request["request_id"] = request_id(request)
     req, messages, params = parse_chat(await request.read())
     route = _route(proxy, req.model)
-    gen = Generate(rid, req.stream, params, messages=messages, tools_json=tools_json(req))
+    gen = Generate(rid, req.stream, params, messages=messages, tools_json=tools_json(req),
+                   **overrides(req))
     usage = bool(req.stream_options and req.stream_options.include_usage)
     return await serve(request, "chat", route, gen, usage)
 
@@ -399,7 +400,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     rid = request["request_id"] = request_id(request)
     req, prompt, params = parse_completion(await request.read())
     route = _route(proxy, req.model)
-    gen = Generate(rid, req.stream, params, prompt=prompt)
+    gen = Generate(rid, req.stream, params, prompt=prompt, **overrides(req))
     usage = bool(req.stream_options and req.stream_options.include_usage)
     return await serve(request, "completion", route, gen, usage)
 

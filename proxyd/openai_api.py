@@ -38,6 +38,13 @@ class StreamOptions(msgspec.Struct, frozen=True):
     include_usage: bool = False
 
 
+class SanctumOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Per-request overrides of the seat's settings, under the body's `sanctum` key."""
+
+    kv: Literal["fp16", "q8"] | None = None
+    speculation: bool | None = None
+
+
 class _Common(msgspec.Struct, frozen=True):
     model: str
     stream: bool = False
@@ -51,6 +58,7 @@ class _Common(msgspec.Struct, frozen=True):
     seed: int | None = None
     n: int = 1
     logprobs: bool | int | None = None
+    sanctum: SanctumOptions | None = None
 
 
 class ChatRequest(_Common, frozen=True):
@@ -118,6 +126,13 @@ def _content(message: Message) -> str:
                              param="messages")
         texts.append(part.text)
     return "".join(texts)
+
+
+def overrides(req: _Common) -> dict[str, Any]:
+    """The request's `sanctum` overrides as Generate fields (KV lane, speculation)."""
+    if req.sanctum is None:
+        return {}
+    return {"kv": req.sanctum.kv, "speculation": req.sanctum.speculation}
 
 
 def tools_json(req: ChatRequest) -> str | None:

@@ -254,6 +254,8 @@ def decode(
         report.state = f"declined:{spec.decline or 'not_profitable'}"
         source = _plain(model, cache, y, params, keys, budget)
     else:
+        # Until a round verifies a draft (a lookup drafter may find nothing to copy).
+        report.state = "declined:no_proposal"
         try:
             spec.drafter.start(prompt_ids)
             if cancelled():

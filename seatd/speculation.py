@@ -5,11 +5,13 @@ how to speculate, or which reason to decline with; the decode loop does the rest
 
     no drafter configured                    -> "off"
     SANCTUM_SPECULATION=0 or speculation=false -> declined:kill_switch
+    the request's `sanctum.speculation=false`  -> declined:disabled_by_request
     drafter failed to load                   -> declined:no_drafter
     drafter's tokenizer differs              -> declined:tokenizer_mismatch
     cache cannot roll back (recurrent state) -> declined:cache_not_rollbackable
     adaptive depth parked at 0               -> declined:not_profitable
     drafter raised mid-request               -> declined:drafter_error (in decode)
+    drafter never proposed anything          -> declined:no_proposal (in decode)
 """
 
 from __future__ import annotations
@@ -73,8 +75,10 @@ class SeatSpeculation:
     def plan(self, request: Generate, kv: str) -> Speculation | None:
         if self.kind is None:
             return None
-        if kill_switch(self.seat) or request.speculation is False:
+        if kill_switch(self.seat):
             return Speculation(None, 0, self.stats, "kill_switch")
+        if request.speculation is False:
+            return Speculation(None, 0, self.stats, "disabled_by_request")
         if self.unusable is not None:
             return Speculation(None, 0, self.stats, self.unusable)
         if not self.rollback.get(kv, False):
