@@ -93,3 +93,15 @@ def test_salted_requests_differ_per_call_but_keep_the_body() -> None:
     assert a.prompt != b.prompt and a.prompt.endswith(ws["code-short"].prompt)
     chat = ws["doc2body"].salted(3)
     assert chat.messages[0][1] == "# request 3\n" + ws["doc2body"].messages[0][1]
+
+
+def test_conversation_history_is_a_prefix_and_salts_alike() -> None:
+    """The prompt-cache workload: earlier turns are a prefix of the timed turn, also salted."""
+    from sanctum.bench.comparisons import conversation
+
+    files = [("a.py", "def a():\n    return 1\n" * 200), ("b.py", "x = 2\n" * 400)]
+    w = conversation(files, len, 1000)
+    assert w.history and w.messages[: len(w.history)] == w.history
+    assert len("".join(c for _, c in w.messages)) <= 1000
+    s = w.salted(3)
+    assert s.messages[: len(s.history)] == s.history and s.history != w.history

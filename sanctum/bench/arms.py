@@ -58,8 +58,8 @@ class OpenAIArm:
     def __call__(self, name: str) -> dict[str, float]:
         self.calls[name] += 1
         w = self.workloads[name]
-        if not w.history:  # a conversation is meant to be cached; anything else is not
-            w = w.salted(self.calls[name])
+        # A fresh salt per request: only a conversation's own earlier turns can be cached.
+        w = w.salted(self.calls[name])
         temp = self.temperature if w.temperature is None else w.temperature
         if w.history:
             # The earlier turns, untimed: what a prompt cache could keep.

@@ -336,15 +336,57 @@ def spec(opts: Options) -> Run:
     return run
 
 
+def conversation(files: list[tuple[str, str]], count: Callable[[str], int],
+                 cap: int) -> Workload:
+    """A chat whose earlier turns fill most of the prompt; the timed turn adds one reply
+    and one short question.  Pure: files and a token counter in."""
+    joined = "\n\n".join(t for _, t in files)
+    budget = max(200, cap - 200)
+    first = joined[: len(joined) // 2]
+    second = joined[len(joined) // 2 :]
+    turns: list[tuple[str, str]] = []
+    for text, share in ((first, 0.55), (second, 0.45)):
+        piece = text[: 4 * int(budget * share)]
+        while count(piece) > budget * share:
+            piece = piece[: int(len(piece) * 0.9)]
+        turns.append(("user", f"Review this code:\n\n{piece}"))
+        turns.append(("assistant", "It reads fine; a few names could be clearer."))
+    history = tuple(turns[:-1])
+    messages = (*turns, ("user", "Now suggest better names, as a list."))
+    tokens = count("".join(c for _, c in messages))
+    return Workload("turn-n", "the last turn of a code-review chat (earlier turns sent first)",
+                    "chat", messages=messages, prompt_tokens=tokens, history=history)
+
+
 def cache(opts: Options) -> Run:
+    from mlx_lm.utils import load_tokenizer
+
     from shared.config import SeatConfig
 
     title = "Prompt cache on against off, turn N of a conversation"
-    fields = SeatConfig.__struct_fields__
-    if "prompt_cache" not in fields:
+    if "prompt_cache_mb" not in SeatConfig.__struct_fields__:
         return _not_measurable("cache", title, "seats have no prompt-cache option yet",
                                opts.model)
-    raise SystemExit("sanctum bench cache: wire the seat's prompt-cache option here")
+    path = model_path(opts.model)
+    tokenizer = load_tokenizer(path)
+    cap = _cap(2048, opts.tokens)
+    source, files = heldout_files()
+    convo = conversation(files, lambda s: len(tokenizer.encode(s)), cap)
+    by_name = {convo.name: convo}
+    port = servers.free_port()
+    config = servers.sanctum_config(port, [
+        ("cached", str(path), cap + 64, "prompt_cache_mb = 512\n"),
+        ("cold", str(path), cap + 64, "prompt_cache_mb = 0\n")])
+    with servers.sanctum_up(config, ("cached", "cold"), port) as url:
+        arms = {"cache on": ("seat with prompt_cache_mb = 512",
+                             A.OpenAIArm(url, "cached", 0.0, opts.tokens, by_name)),
+                "cache off": ("same seat, prompt_cache_mb = 0",
+                              A.OpenAIArm(url, "cold", 0.0, opts.tokens, by_name))}
+        return _run(opts, "cache", title, "cache off", arms, [convo], opts.model,
+                    [f"Conversation built from {source}.",
+                     "Each request first sends the earlier turns (untimed, 1 token), then "
+                     "times the last turn; every request salts its first message, so only "
+                     "its own earlier turns can be cached."])
 
 
 COMPARISONS: dict[str, Callable[[Options], Run]] = {

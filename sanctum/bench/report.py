@@ -252,7 +252,8 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
         "`sanctum bench report`); `sanctum bench report` alone re-renders this page from "
         "`docs/bench/results/*.json`.", "",
     ]
-    any_run = next((r for r in runs.values() if r.machine), None)
+    # The first comparison in report order names the machine (each section names its model).
+    any_run = next((runs[n] for n in ORDER if n in runs and runs[n].machine), None)
     if any_run:
         m = any_run.machine
         lines += ["| machine | |", "|---|---|"]

@@ -54,6 +54,10 @@ class Workload:
         salt = f"# request {k}\n"
         if self.kind == "chat":
             (role, content), *rest = self.messages
+            if self.history:  # the same salt, so the earlier turns stay a prefix
+                (hrole, hcontent), *hrest = self.history
+                return dataclasses.replace(self, messages=((role, salt + content), *rest),
+                                           history=((hrole, salt + hcontent), *hrest))
             return dataclasses.replace(self, messages=((role, salt + content), *rest))
         return dataclasses.replace(self, prompt=salt + self.prompt)
 
