@@ -63,7 +63,7 @@ class Sanctum:
     """`sanctum up` (or one daemon) in a private state directory."""
 
     def __init__(self, config_text: str | None = None, port: int | None = None,
-                 command: str = "up") -> None:
+                 command: str = "up", packaged: bool = False) -> None:
         self.port = port or free_port()
         # ipc paths are limited to ~100 bytes: keep the state directory short.
         self.dir = Path(tempfile.mkdtemp(prefix="sct-", dir="/tmp"))
@@ -72,8 +72,10 @@ class Sanctum:
         self.config.write_text(config_text or demo_config(self.port))
         self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.state))
         self.log = open(self.dir / "log", "wb")  # noqa: SIM115
+        # packaged: no --config at all, the embedded default (only the port is moved).
+        args = ["--port", str(self.port)] if packaged else ["--config", str(self.config)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sanctum.cli", command, "--config", str(self.config)],
+            [sys.executable, "-m", "sanctum.cli", command, *args],
             env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
         self.tree: set[int] = {self.proc.pid}
 

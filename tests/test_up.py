@@ -180,3 +180,24 @@ def test_sigterm_to_up_leaves_nothing() -> None:
         s.kill_everything()
         raise
     assert s.stop() == 0
+
+
+def test_packaged_default_answers_with_code() -> None:
+    """`sanctum up` with no config serves the demo pair, which answers a chat with code."""
+    s = Sanctum(packaged=True)
+    try:
+        s.wait_ready(("demo",))
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        raw = client.chat.completions.with_raw_response.create(
+            model="demo", max_tokens=64, temperature=0,
+            messages=[{"role": "user",
+                       "content": 'def is_even(n):\n    """Return True if n is even."""'}])
+        text = raw.parse().choices[0].message.content or ""
+        assert raw.headers["x-sanctum-seat"] == "demo"
+        assert raw.headers["x-sanctum-speculation"] in ("accelerated",
+                                                        "declined:not_profitable")
+        assert any(word in text for word in ("return", "def ", "if ", "==", "%")), text
+    except BaseException:
+        s.kill_everything()
+        raise
+    assert s.stop() == 0
