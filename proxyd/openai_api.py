@@ -43,6 +43,8 @@ class SanctumOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     kv: Literal["fp16", "q8"] | None = None
     speculation: bool | None = None
+    # false: neither reuse nor leave a cached prompt prefix on the seat
+    prompt_cache: bool | None = None
 
 
 class _Common(msgspec.Struct, frozen=True):
@@ -129,10 +131,12 @@ def _content(message: Message) -> str:
 
 
 def overrides(req: _Common) -> dict[str, Any]:
-    """The request's `sanctum` overrides as Generate fields (KV lane, speculation)."""
+    """The request's `sanctum` overrides as Generate fields (KV lane, speculation,
+    prompt cache)."""
     if req.sanctum is None:
         return {}
-    return {"kv": req.sanctum.kv, "speculation": req.sanctum.speculation}
+    return {"kv": req.sanctum.kv, "speculation": req.sanctum.speculation,
+            "prompt_cache": req.sanctum.prompt_cache}
 
 
 def tools_json(req: ChatRequest) -> str | None:

@@ -72,3 +72,15 @@ def test_completion_prompt_forms() -> None:
         parse_completion(b'{"model":"demo","prompt":["a","b"]}')
     with pytest.raises(BadRequest):
         parse_completion(b'{"model":"demo","prompt":""}')
+
+
+def test_sanctum_overrides_reach_the_generate_fields() -> None:
+    """`sanctum.prompt_cache: false` (with kv and speculation) becomes Generate fields."""
+    from proxyd.openai_api import overrides
+
+    body = (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}],'
+            b' "sanctum": {"prompt_cache": false, "kv": "q8"}}')
+    req, _, _ = parse_chat(body)
+    assert overrides(req) == {"kv": "q8", "speculation": None, "prompt_cache": False}
+    with pytest.raises(BadRequest):
+        parse_chat(body.replace(b"prompt_cache", b"prompt_cash"))

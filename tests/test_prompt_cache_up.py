@@ -1,6 +1,6 @@
 """The prompt cache end to end through `sanctum up`: the second turn of a chat reports
-the reused prefix in usage.prompt_tokens_details.cached_tokens, and the seat's own
-counters agree."""
+the reused prefix in usage.prompt_tokens_details.cached_tokens, the seat's own
+counters agree, and `sanctum.prompt_cache: false` opts a request out."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ def test_second_turn_reports_cached_tokens() -> None:
         assert status == 200, raw
         second = json.loads(raw)
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] >= 512
+        # A request may opt out: no lookup, nothing reused.
+        status, _, raw = http("POST", f"{s.url}/v1/chat/completions", {
+            **body, "messages": messages, "sanctum": {"prompt_cache": False}})
+        assert status == 200, raw
+        assert json.loads(raw)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         status, _, raw = http("GET", f"{s.url}/counters")
         seat = json.loads(raw)["seats"]["demo"]
         assert seat["prompt_cache_lookups"] == 2 and seat["prompt_cache_hits"] == 1
