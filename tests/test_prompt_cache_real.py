@@ -141,3 +141,62 @@ def test_budget_holds_under_distinct_long_prompts(pair) -> None:
     assert tally.hits == 0 and tally.lookups == 5
     assert tally.discarded.get("evicted", 0) >= 2 * PREFILL_CHUNK
     assert 1 <= cache.entries <= 3
+
+
+def test_recurrent_state_resumes_only_at_its_exact_length(pair) -> None:
+    """A tiny random Mamba (state that cannot be trimmed): turn 2 resumes at turn 1's
+    exact checkpoint and equals cold; a request that diverges inside the checkpoint
+    resumes from nothing, and the exact-length rule counts what it threw away."""
+    import mlx.core as mx
+    from mlx_lm.models import mamba
+
+    _, _, tok, _ = pair
+    mx.random.seed(0)
+    args = mamba.ModelArgs(model_type="mamba", vocab_size=64, hidden_size=32,
+                           intermediate_size=64, state_size=4, num_hidden_layers=2,
+                           conv_kernel=3, use_bias=False, use_conv_bias=True, time_step_rank=4)
+    model = mamba.Model(args)
+    mx.eval(model.parameters())
+    recurrent = (model, None, tok, [])
+    cache = SeatPromptCache(_seat(), model)
+    rng = random.Random(5)
+    turn1 = [rng.randrange(3, 64) for _ in range(PREFILL_CHUNK + 30)]
+    _run(recurrent, cache, turn1, "fp16", 0.0, False)
+    assert cache.entries == 1 and not cache.policy.entries[0].trimmable
+    turn2 = turn1 + [rng.randrange(3, 64) for _ in range(40)]
+    warm = _run(recurrent, cache, turn2, "fp16", 0.7, False)
+    cold = _run(recurrent, None, turn2, "fp16", 0.7, False)
+    assert warm.cached_tokens == PREFILL_CHUNK and warm.text == cold.text
+    assert warm.completion_tokens == cold.completion_tokens
+    # One long prompt leaves one checkpoint, at 1024; a request sharing 800 tokens
+    # could resume at 512 if the state could be cut back: it cannot.
+    cache = SeatPromptCache(_seat(), model)
+    long = [rng.randrange(3, 64) for _ in range(2 * PREFILL_CHUNK + 10)]
+    _run(recurrent, cache, long, "fp16", 0.0, False)
+    cache.drain()
+    other = long[:800] + [rng.randrange(3, 64) for _ in range(20)]
+    assert _run(recurrent, cache, other, "fp16", 0.0, False).cached_tokens == 0
+    assert cache.drain().discarded == {"not_trimmable": PREFILL_CHUNK}
+
+
+def test_an_error_during_generation_drops_the_entry_it_used(pair) -> None:
+    """A request that resumed from an entry and then failed: the entry is dropped and
+    counted `invalidated`; the copy it would have kept is not inserted."""
+    target, _, tok, ids = pair
+    cache = SeatPromptCache(_seat(), target)
+    turn1 = ids[: PREFILL_CHUNK + 8]
+    _run(pair, cache, turn1, "fp16", 0.0, False)
+    cache.drain()
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, seed=7)
+    plan = cache.begin(Generate("r", False, params), "fp16", ids[:1100], MAX_NEW)
+    assert plan.resume is not None and plan.resume.start == PREFILL_CHUNK
+
+    def boom(n: int) -> None:
+        raise RuntimeError("generation failed")
+
+    with pytest.raises(RuntimeError):
+        decode(target, tok, ids[:1100], params, kv="fp16", context_length=2048,
+               on_token=boom, resume=plan.resume)
+    cache.finish(plan, ok=False)
+    assert cache.entries == 0 and cache.policy.reserved == 0
+    assert cache.drain().discarded == {"invalidated": PREFILL_CHUNK}
