@@ -25,6 +25,7 @@ from mlx_lm.models import cache as mlx_cache
 from seatd.adaptive import DepthStats, choose_depth
 from seatd.decode import Speculation, make_cache
 from seatd.drafters import LookupDrafter, ModelDrafter
+from seatd.prompt_cache import OFF_VALUES
 from shared.config import Config, SeatConfig, resolve_path
 from shared.protocol import Generate
 
@@ -32,7 +33,10 @@ log = structlog.get_logger()
 
 
 def kill_switch(seat: SeatConfig) -> bool:
-    return os.environ.get("SANCTUM_SPECULATION", "1").strip() == "0" or not seat.speculation
+    """`SANCTUM_SPECULATION` = off/0/false/no (as the launchd plists write it), or the seat's
+    `speculation = false`: no rebuild, no config edit needed for the first."""
+    value = os.environ.get("SANCTUM_SPECULATION", "on").strip().lower()
+    return value in OFF_VALUES or not seat.speculation
 
 
 def _can_roll_back(model: Any, kv: str) -> bool:

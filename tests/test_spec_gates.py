@@ -209,8 +209,12 @@ def test_declines_with_reasons(pair, tmp_path: Path, monkeypatch) -> None:
     config = _seat_config(drafter_dir(), draft_depth="3")
     spec = SeatSpeculation(config, config.seat[0], target, h)
     assert spec.plan(req, "fp16").drafter is not None
-    monkeypatch.setenv("SANCTUM_SPECULATION", "0")
-    assert kill_switch(config.seat[0])
+    for off in ("0", "off", "OFF", "false"):
+        monkeypatch.setenv("SANCTUM_SPECULATION", off)
+        assert kill_switch(config.seat[0])
+    monkeypatch.setenv("SANCTUM_SPECULATION", "on")
+    assert not kill_switch(config.seat[0])
+    monkeypatch.setenv("SANCTUM_SPECULATION", "off")
     assert spec.plan(req, "fp16").decline == "kill_switch"
     monkeypatch.delenv("SANCTUM_SPECULATION")
 
