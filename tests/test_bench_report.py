@@ -87,3 +87,26 @@ def test_decode_figures(times: list[float], tokens: int, expected_tps: float | N
 def test_an_answer_without_text_is_an_error() -> None:
     with pytest.raises(RuntimeError):
         decode_figures(0.0, [], 1.0, 0, 1)
+
+
+def test_spec_run_shows_ours_against_mlx_lm_with_acceptance() -> None:
+    """Three arms: the table against plain, then ours against mlx-lm with both
+    acceptance lengths and per-position acceptance."""
+    arms_ = ["speculative", "plain", "mlx-lm speculative"]
+    slots = make_schedule(arms_, ["code-short t=0"], 4, 1, seed=2)
+    clock = itertools.count(0.0)
+    figs = {"speculative": {"decode_tps": 60.0, "e2e_s": 1.0, "accept_len": 2.0,
+                            "accept_p1": 0.9, "accept_p2": 0.6},
+            "plain": {"decode_tps": 30.0, "e2e_s": 2.0},
+            "mlx-lm speculative": {"decode_tps": 40.0, "e2e_s": 1.5, "accept_len": 1.5,
+                                   "accept_p1": 0.8, "accept_p2": 0.4}}
+    samples = run_schedule(slots, {a: (lambda w, a=a: figs[a]) for a in arms_}, run_id="s",
+                           clock=lambda: next(clock), loadavg=lambda: 0.5)
+    run = Run("s", "spec", "t", "plain", [ArmInfo(a, a) for a in arms_],
+              {"code-short t=0": "short"}, 4, 1, 2, {"date": "d", "cores": "2", "model": "m"},
+              samples)
+    text = render({"spec-d3": run}, None, plot=no_plot)
+    assert "## 4. Speculative against plain decoding (d3)" in text
+    assert "decode tokens/s, ours over mlx-lm speculative, t=0 | **1.50x**" in text
+    assert "| code-short t=0 | 60.00 | 40.00 | **1.50x** [1.50–1.50], n=3 |" in text
+    assert "| 2.00 | 1.50 | 0.90 / 0.60 | 0.80 / 0.40 |" in text

@@ -268,3 +268,117 @@ def throughput(make_client: Callable[[], Client], clients: int, seconds: float,
     for c in conns:
         c.close()
     return {"rps": sum(done) / elapsed, "errors": float(sum(errors))}
+
+
+# -- speculation: acceptance from the seat's counters, and mlx-lm's own speculative loop --
+
+
+def acceptance_figures(verifies: int, accepted: int, per_position: list[int],
+                       ) -> dict[str, float]:
+    """Accepted draft tokens per verify, and the share of verifies that accepted draft
+    position i (1-based: `accept_p1`, ...).  Pure."""
+    if verifies <= 0:
+        return {}
+    out = {"accept_len": accepted / verifies}
+    for i, n in enumerate(per_position):
+        out[f"accept_p{i + 1}"] = n / verifies
+    return out
+
+
+def counter_acceptance(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Acceptance over one request from a seat's counters before and after it.  Pure."""
+    def delta(key: str) -> int:
+        return int(after.get(key, 0)) - int(before.get(key, 0))
+
+    pb = list(before.get("spec_accepted_per_position", []))
+    pa = list(after.get("spec_accepted_per_position", []))
+    pb += [0] * (len(pa) - len(pb))
+    return acceptance_figures(delta("spec_drafts"), delta("spec_accepted_tokens"),
+                              [a - b for a, b in zip(pa, pb, strict=True)])
+
+
+def stream_acceptance(from_draft: list[bool]) -> dict[str, float]:
+    """Acceptance from mlx-lm's speculative stream: each verify yields its accepted draft
+    tokens (from_draft) and then one token of the target's own.  Pure."""
+    verifies, accepted, run = 0, 0, 0
+    per: list[int] = []
+    for d in from_draft:
+        if d:
+            accepted += 1
+            run += 1
+            while len(per) < run:
+                per.append(0)
+            per[run - 1] += 1
+        else:
+            verifies += 1
+            run = 0
+    if run:  # the stream stopped (max_tokens, end of text) inside a verify's accepted run
+        verifies += 1
+    return acceptance_figures(verifies, accepted, per)
+
+
+class SeatSpecArm(OpenAIArm):
+    """An OpenAIArm on a speculating seat that also reads the seat's acceptance counters
+    (GET /counters) before and after each request."""
+
+    def __init__(self, base_url: str, seat: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(base_url, seat, *args, **kwargs)
+        self.base_url = base_url
+        self.seat = seat
+
+    def _counters(self) -> dict[str, Any]:
+        import urllib.request
+
+        with urllib.request.urlopen(self.base_url + "/counters", timeout=10) as r:
+            seats = json.loads(r.read()).get("seats", {})
+        return dict(seats.get(self.seat) or {})
+
+    def __call__(self, name: str) -> dict[str, float]:
+        before = self._counters()
+        figures = super().__call__(name)
+        return figures | counter_acceptance(before, self._counters())
+
+
+class InProcessSpecArm(InProcessArm):
+    """mlx-lm's own `speculative_generate_step` in this process with the same pair
+    (both loaded through `load_for_compute`) and a fixed number of draft tokens."""
+
+    def __init__(self, model_dir: Path, drafter_dir: Path, draft_tokens: int,
+                 temperature: float, max_tokens: int, workloads: dict[str, Workload]) -> None:
+        from seatd.model_load import load_for_compute
+
+        super().__init__(model_dir, temperature, max_tokens, workloads)
+        self.drafter = load_for_compute(drafter_dir)
+        self.draft_tokens = draft_tokens
+
+    def __call__(self, name: str) -> dict[str, float]:
+        import mlx.core as mx
+        from mlx_lm.generate import speculative_generate_step
+        from mlx_lm.sample_utils import make_sampler
+
+        self.calls[name] += 1
+        w = self.workloads[name].salted(self.calls[name])
+        tok = self.loaded.tokenizer
+        t0 = time.perf_counter()
+        prompt = self.tokens(w)
+        detok = tok.detokenizer
+        detok.reset()
+        eos = set(tok.eos_token_ids)
+        times: list[float] = []
+        flags: list[bool] = []
+        n = 0
+        sampler = make_sampler(self.temperature if w.temperature is None else w.temperature)
+        for token, _, from_draft in speculative_generate_step(
+                mx.array(prompt), self.loaded.model, self.drafter.model,
+                num_draft_tokens=self.draft_tokens, max_tokens=self.max_tokens,
+                sampler=sampler):
+            if int(token) in eos:
+                break
+            n += 1
+            flags.append(bool(from_draft))
+            detok.add_token(int(token))
+            if detok.last_segment:
+                times.append(time.perf_counter())
+        detok.finalize()
+        end = time.perf_counter()
+        return decode_figures(t0, times, end, n, len(prompt)) | stream_acceptance(flags)

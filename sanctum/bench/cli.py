@@ -53,12 +53,18 @@ def cmd_run(args: argparse.Namespace) -> int:
                    warmup=args.warmup, tokens=args.tokens, seed=args.seed,
                    temperature=args.temperature, requests=args.requests,
                    clients=args.clients, seconds=args.seconds)
+    depth = None if args.draft_depth == "adaptive" else int(args.draft_depth)
+    opts.draft_depth = depth
+    opts.workloads = tuple(w for w in args.workloads.split(",") if w)
     names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
     out = Path(args.out)
     for name in names:
         print(f"sanctum bench: {name}", file=sys.stderr, flush=True)
         run = COMPARISONS[name](opts)
-        save_run(run, out / f"{name}.json")
+        stem = name
+        if name == "spec" and depth != Options().draft_depth:
+            stem = f"spec-{'adaptive' if depth is None else f'd{depth}'}"
+        save_run(run, out / f"{stem}.json")
         if run.not_measurable:
             print(f"  not measurable: {run.not_measurable}", file=sys.stderr)
     if args.report:
@@ -101,6 +107,12 @@ def add_bench(sub: Any) -> None:
     run.add_argument("--tokens", type=int, default=d.tokens, help="new tokens per request")
     run.add_argument("--seed", type=int, default=d.seed, help="decides which arm starts")
     run.add_argument("--temperature", type=float, default=d.temperature)
+    run.add_argument("--workloads", default="",
+                     help="comma-separated workload names to run (default: each comparison's)")
+    run.add_argument("--draft-depth", default=str(d.draft_depth),
+                     help="speculation: the seat's fixed draft depth and mlx-lm's "
+                     "num_draft_tokens, or 'adaptive' (the seat's default; mlx-lm gets 4); "
+                     "a depth other than the default is stored as spec-dN.json")
     run.add_argument("--requests", type=int, default=d.requests,
                      help="proxy overhead: requests per slot")
     run.add_argument("--clients", type=int, default=d.clients,

@@ -39,6 +39,11 @@ class Options:
     tokens: int = 64
     seed: int = 0
     temperature: float = 0.0
+    # speculation: the seat's fixed draft depth (None: the seat's adaptive depth), also
+    # mlx-lm's num_draft_tokens
+    draft_depth: int | None = 4
+    # only these workloads (names before the temperature suffix); empty: each comparison's own
+    workloads: tuple[str, ...] = ()
     # proxy overhead
     requests: int = 200
     clients: int = 8
@@ -147,6 +152,8 @@ def stack(opts: Options) -> Run:
     inproc = A.InProcessArm(path, opts.temperature, opts.tokens, {})
     cap = _cap(inproc.loaded.context_length, opts.tokens)
     source, workloads = _workloads(inproc.loaded.tokenizer, cap)
+    if opts.workloads:
+        workloads = [w for w in workloads if w.name in opts.workloads]
     by_name = {w.name: w for w in workloads}
     inproc.workloads = by_name
     port = servers.free_port()
@@ -206,6 +213,8 @@ def mlx_server(opts: Options) -> Run:
                                                                  2048))
     cap = _cap(ctx, opts.tokens)
     source, base = _workloads(tokenizer, cap)
+    if opts.workloads:
+        base = [w for w in base if w.name in opts.workloads]
     workloads = [dataclasses.replace(w, name=f"{w.name} t={t:g}", temperature=t)
                  for t in (0.0, 0.7) for w in base]
     by_name = {w.name: w for w in workloads}
@@ -228,12 +237,17 @@ def mlx_server(opts: Options) -> Run:
             notes.append("mlx_lm.server serves a float32 copy of the weights our seat "
                          "computes with (load_for_compute), so both run the same model.")
         seat_extra = f'drafter = {{ kind = "model", path = "{drafter}" }}\n' if ours_spec else ""
+        if ours_spec and opts.draft_depth is not None:
+            seat_extra += f"draft_depth = {opts.draft_depth}\n"
+            notes.append(f"Both speculate with the demo drafter, {opts.draft_depth} draft "
+                         "tokens (our seat's draft_depth, mlx_lm.server's --num-draft-tokens).")
         port = servers.free_port()
         config = servers.sanctum_config(port, [("bench", str(path), cap + 64, seat_extra)])
         url = stack_.enter_context(servers.sanctum_up(config, ("bench",), port))
         mport = servers.free_port()
         murl = stack_.enter_context(servers.mlx_lm_server(
-            str(served), mport, draft=str(drafter) if ours_spec else None))
+            str(served), mport, draft=str(drafter) if ours_spec else None,
+            num_draft=opts.draft_depth if ours_spec else None))
         ours = A.OpenAIArm(url, "bench", 0.0, opts.tokens, by_name)
         theirs = A.OpenAIArm(murl, str(served), 0.0, opts.tokens, by_name)
         arms = {"sanctum": ("openai client -> proxyd -> seat worker", ours),
@@ -295,13 +309,16 @@ def _not_measurable(comparison: str, title: str, why: str, model: str) -> Run:
                not_measurable=why)
 
 
+SPEC_WORKLOADS = ("code-short", "doc2body", "rename", "prose")
+
+
 def spec(opts: Options) -> Run:
     from mlx_lm.utils import load_tokenizer
 
     from shared.builtin import resolve_model
     from shared.config import SeatConfig
 
-    title = "Speculative against plain decoding on our seat"
+    title = "Speculative against plain decoding on our seat, and against mlx-lm's own"
     try:
         drafter = resolve_model(opts.drafter)
     except ValueError as exc:
@@ -314,25 +331,42 @@ def spec(opts: Options) -> Run:
     tokenizer = load_tokenizer(path)
     cap = _cap(2048, opts.tokens)
     source, base = _workloads(tokenizer, cap)
+    # The long-prompt workload is left out: its prefill, not decoding, sets its time.
+    base = [w for w in base if w.name in (opts.workloads or SPEC_WORKLOADS)]
     workloads = [dataclasses.replace(w, name=f"{w.name} t={t:g}", temperature=t)
                  for t in (0.0, 0.7) for w in base]
     by_name = {w.name: w for w in workloads}
+    depth = opts.draft_depth
     extra = f'drafter = {{ kind = "model", path = "{drafter}" }}\n'
+    depth_line = f"draft_depth = {depth}\n" if depth is not None else ""
+    theirs_depth = depth if depth is not None else 4
     port = servers.free_port()
     config = servers.sanctum_config(port, [
-        ("spec", str(path), cap + 64, extra + "speculation = true\n"),
+        ("spec", str(path), cap + 64, extra + depth_line + "speculation = true\n"),
         ("plain", str(path), cap + 64, extra + "speculation = false\n")])
+    mlx_spec = A.InProcessSpecArm(path, drafter, theirs_depth, 0.0, opts.tokens, by_name)
+    ours_depth = f"draft_depth = {depth}" if depth is not None else "adaptive draft depth"
     with servers.sanctum_up(config, ("spec", "plain"), port) as url:
-        arms = {"speculative": ("seat with the drafter, speculation on",
-                                A.OpenAIArm(url, "spec", 0.0, opts.tokens, by_name)),
-                "plain": ("same seat config, speculation off",
-                          A.OpenAIArm(url, "plain", 0.0, opts.tokens, by_name))}
+        arms = {"speculative": (f"our seat with the drafter, speculation on, {ours_depth}",
+                                A.SeatSpecArm(url, "spec", 0.0, opts.tokens, by_name)),
+                "plain": ("our seat, same config, speculation off",
+                          A.OpenAIArm(url, "plain", 0.0, opts.tokens, by_name)),
+                "mlx-lm speculative": (
+                    "mlx-lm speculative_generate_step in the benchmark process, same pair "
+                    f"(load_for_compute), num_draft_tokens = {theirs_depth}", mlx_spec)}
         run = _run(opts, "spec", title, "plain", arms, workloads, opts.model,
-                   [f"Workloads from {source}."])
+                   [f"Workloads from {source}.", f"{opts.tokens} new tokens per request; "
+                    "acceptance length = accepted draft tokens per verify (ours from the "
+                    "seat's counters before and after each request, mlx-lm's from its "
+                    "from_draft flags); accept_pN = share of verifies that accepted draft "
+                    "position N.",
+                    "mlx-lm accepts a draft token only when it equals the target's own "
+                    "sample; our seat uses rejection sampling, so at temperature > 0 the "
+                    "two acceptance rates differ by design."])
     if not any(s.figures.get("accelerated") for s in run.samples if s.arm == "speculative"):
         return msgspec.structs.replace(
             run, not_measurable="the speculative seat never reported an accelerated answer "
-            "(X-Sanctum-Speculation): speculation is not implemented in the seat yet")
+            "(X-Sanctum-Speculation)")
     return run
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import sys
 import threading
 import time
@@ -120,10 +121,13 @@ def load_test(args: argparse.Namespace) -> int:
             config = servers.sanctum_config(port, [("bench", str(path), cap, "")])
             url = stack.enter_context(servers.sanctum_up(config, ("bench",), port))
         check_bounds(url, args.clients, args.seconds)
+        load_before = os.getloadavg()[0]
         t0 = time.perf_counter()
         outcomes = drive(url, route, args.clients, args.seconds, args.tokens)
         elapsed = time.perf_counter() - t0
+        load_after = os.getloadavg()[0]
     result = {"clients": args.clients, "seconds": args.seconds, "tokens": args.tokens,
+              "load_before": load_before, "load_after": load_after,
               "machine": machine(args.model), **summarize_load(outcomes, elapsed)}
     out = Path(args.out) / "load.json"
     out.parent.mkdir(parents=True, exist_ok=True)

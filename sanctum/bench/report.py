@@ -85,6 +85,13 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
             what = "end-to-end speed" if fig == "e2e_s" else "decode tokens/s"
             out.append((f"{what}, all workloads", summarize(r),
                         GOALS.get(run.comparison) if fig == "e2e_s" else None))
+    if run.comparison == "spec" and MLX_SPEC in {a.name for a in run.arms}:
+        for t in ("0", "0.7"):
+            r = [x for w in run.workloads if w.endswith(f"t={t}")
+                 for x in pair_ratios(run.samples, "decode_tps", arm, MLX_SPEC, w)]
+            if r:
+                out.append((f"decode tokens/s, ours over mlx-lm speculative, t={t}",
+                            summarize(r), None))
     return out
 
 
@@ -157,8 +164,53 @@ def _added(run: Run) -> list[str]:
     return lines
 
 
-def section(run: Run, plot: str | None) -> list[str]:
-    lines = [f"## {SECTION.get(run.comparison, run.comparison)}", ""]
+MLX_SPEC = "mlx-lm speculative"
+
+
+def spec_against_mlx(run: Run) -> list[str]:
+    """Speculation: our speculative arm against mlx-lm's own speculative loop, per
+    workload, with both acceptance lengths and per-position acceptance."""
+    arms = {a.name for a in run.arms}
+    ours = "speculative"
+    if run.comparison != "spec" or not {ours, MLX_SPEC} <= arms:
+        return []
+
+    def med(fig: str, arm: str, w: str) -> str:
+        v = figure_values(run.samples, fig, arm, w)
+        return f"{summarize(v).median:.2f}" if v else "-"
+
+    def positions(arm: str, w: str) -> str:
+        out = []
+        for i in range(1, 17):
+            v = figure_values(run.samples, f"accept_p{i}", arm, w)
+            if not v:
+                break
+            out.append(f"{summarize(v).median:.2f}")
+        return " / ".join(out) or "-"
+
+    lines = ["Ours against mlx-lm's speculative loop (same pair, same depth), and "
+             "acceptance: accepted draft tokens per verify (median); per position, the "
+             "share of verifies that accepted draft token 1 / 2 / ...", "",
+             "| workload | decode tok/s ours | decode tok/s mlx-lm | speed ratio ours/mlx-lm "
+             "| e2e ratio ours/mlx-lm | acceptance length ours | acceptance length mlx-lm "
+             "| per position ours | per position mlx-lm |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for w in run.workloads:
+        r = pair_ratios(run.samples, "decode_tps", ours, MLX_SPEC, w)
+        e = pair_ratios(run.samples, "e2e_s", ours, MLX_SPEC, w)
+        lines.append(f"| {w} | {med('decode_tps', ours, w)} | {med('decode_tps', MLX_SPEC, w)} "
+                     f"| {fmt_ratio(summarize(r)) if r else '-'} "
+                     f"| {fmt_ratio(summarize(e)) if e else '-'} "
+                     f"| {med('accept_len', ours, w)} | {med('accept_len', MLX_SPEC, w)} "
+                     f"| {positions(ours, w)} | {positions(MLX_SPEC, w)} |")
+    return [*lines, ""]
+
+
+def section(run: Run, plot: str | None, name: str | None = None) -> list[str]:
+    title = SECTION.get(run.comparison, run.comparison)
+    if name and name != run.comparison:
+        title += f" ({name.removeprefix(run.comparison + '-')})"
+    lines = [f"## {title}", ""]
     if run.not_measurable:
         return [*lines, f"**Not yet measurable:** {run.not_measurable}.", ""]
     try:
@@ -198,6 +250,7 @@ def section(run: Run, plot: str | None) -> list[str]:
     if run.comparison == "proxy":
         lines += [*_added(run), ""]
     lines += [*_table(run, warnings), ""]
+    lines += spec_against_mlx(run)
     if plot:
         lines += [f"![{run.comparison}]({plot})", ""]
     if warnings:
@@ -269,11 +322,16 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
     summary = ["## Headline ratios", "", "| comparison | what | speed ratio | goal |",
                "|---|---|---|---|"]
     body: list[str] = []
-    for name in ORDER:
+    names = [n for o in ORDER for n in ([o, *sorted(k for k in runs if k.startswith(o + "-"))]
+                                         if o == "spec" else [o])]
+    for name in names:
         run = runs.get(name)
         if run is None:
-            summary.append(f"| {SECTION[name]} | - | not run yet | - |")
+            summary.append(f"| {SECTION.get(name, name)} | - | not run yet | - |")
             continue
+        label = SECTION.get(run.comparison, run.comparison)
+        if name != run.comparison:
+            label += f" ({name.removeprefix(run.comparison + '-')})"
         plot_rel = None
         if plot_dir is not None and not run.not_measurable:
             try:
@@ -282,21 +340,21 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
                     plot_rel = f"{rel}/{name}.png"
             except NotInterleaved:
                 pass
-        body += section(run, plot_rel)
+        body += section(run, plot_rel, name)
         if run.not_measurable:
-            summary.append(f"| {SECTION[name]} | - | not yet measurable | - |")
+            summary.append(f"| {label} | - | not yet measurable | - |")
             continue
         try:
             heads = headline(run)
         except NotInterleaved:
-            summary.append(f"| {SECTION[name]} | - | refused: not interleaved | - |")
+            summary.append(f"| {label} | - | refused: not interleaved | - |")
             continue
         for what, s, goal in heads:
-            summary.append(f"| {SECTION[name]} | {what} | {fmt_ratio(s)} | "
+            summary.append(f"| {label} | {what} | {fmt_ratio(s)} | "
                            f"{f'≥ {goal:g}x' if goal else '-'} |")
         if name == "proxy":
             for what, text in added_headline(run):
-                summary.append(f"| {SECTION[name]} | {what} | {text} | - |")
+                summary.append(f"| {label} | {what} | {text} | - |")
     return "\n".join([*lines, *summary, "", *body]).rstrip() + "\n"
 
 
@@ -308,7 +366,11 @@ def load_section(data: dict[str, object]) -> list[str]:
     return [
         "## Load test", "",
         f"{data['clients']} concurrent clients for {data['seconds']} s against `sanctum up` "
-        f"(loopback), {data['tokens']} new tokens per request.", "",
+        f"(loopback), {data['tokens']} new tokens per request."
+        + (f" 1-minute load average {float(data['load_before']):.2f} before, "  # type: ignore[arg-type]
+           f"{float(data['load_after']):.2f} after "  # type: ignore[arg-type]
+           f"({dict(data.get('machine') or {}).get('cores', '?')} cores)."  # type: ignore[call-overload]
+           if "load_before" in data else ""), "",
         "| requests | served | served/s | errors | overload answers (429/503) | "
         "without Retry-After | hangs | p50 | p99 |",
         "|---|---|---|---|---|---|---|---|---|",

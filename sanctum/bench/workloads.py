@@ -89,14 +89,16 @@ def heldout_files(limit: int = 40) -> tuple[str, list[tuple[str, str]]]:
 
 
 def _head(text: str, count: Callable[[str], int], target: int) -> str:
-    """Whole lines from the start of `text` until at least `target` tokens."""
+    """Whole lines from the start of `text` until at least `target` tokens, without the
+    last line break: a prompt ending in a bare newline token reads as the end of a file
+    to a code model (the demo model answers it with end-of-text and nothing else)."""
     lines = text.splitlines(keepends=True)
     out: list[str] = []
     for line in lines:
         out.append(line)
         if len(out) % 8 == 0 and count("".join(out)) >= target:
             break
-    return "".join(out)
+    return "".join(out).rstrip("\n")
 
 
 def _functions(text: str) -> list[tuple[str, str, ast.FunctionDef]]:
