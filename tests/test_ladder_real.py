@@ -128,6 +128,10 @@ def test_client_disconnect_stops_real_generation(pair: Sanctum) -> None:
         time.sleep(0.1)
     else:
         raise AssertionError("the seat never counted the cancellation")
+    # `busy` comes from the seat's next pong, up to one heartbeat later.
+    deadline = time.monotonic() + 5
+    while pair.health()["seats"][seat]["busy"] and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not pair.health()["seats"][seat]["busy"]
 
 
