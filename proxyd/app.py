@@ -23,6 +23,7 @@ from proxyd import breaker, responses
 from proxyd.admission import Admission, Verdict
 from proxyd.breaker import Breaker, BreakerPolicy
 from proxyd.counters import ProxyCounters, render_metrics
+from proxyd.hosted import HostedClient, Retry
 from proxyd.ladder import (
     Phase,
     Skipped,
@@ -37,7 +38,6 @@ from proxyd.ladder import (
 )
 from proxyd.openai_api import overrides, parse_chat, parse_completion, tools_json
 from proxyd.responses import Answer, Kind
-from proxyd.hosted import HostedClient, Retry
 from proxyd.seat_client import SeatClient
 from shared.config import Config, RouteConfig, control_endpoint, worker_endpoint
 from shared.errors import (

@@ -248,7 +248,7 @@ def decode(
     prefill(model, cache, prompt, n_prompt - 1, cancelled, resume)
     y = int(prompt_ids[-1])
     source: Iterator[int]
-    if spec is None or spec.drafter is None and spec.decline is None:
+    if spec is None or (spec.drafter is None and spec.decline is None):
         source = _plain(model, cache, y, params, keys, budget)
     elif spec.decline is not None or spec.drafter is None or spec.depth == 0:
         report.state = f"declined:{spec.decline or 'not_profitable'}"

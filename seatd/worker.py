@@ -27,9 +27,9 @@ import zmq.asyncio
 
 from seatd import blas
 from seatd.counters import SeatCounters
+from seatd.decode import DecodeCancelled, DecodeResult, decode
 from seatd.prompt_cache import SeatPromptCache
 from seatd.speculation import SeatSpeculation
-from seatd.decode import DecodeCancelled, DecodeResult, decode
 from shared import exitcodes, lifecycle, protocol
 from shared.caps import default_seat_cap, seat_refusal
 from shared.config import (
@@ -262,7 +262,7 @@ class SeatWorker:
             started = time.monotonic()
             first: list[float] = []
 
-            def emit(text: str, count: int, job: Job = job) -> None:
+            def emit(text: str, count: int, job: Job = job, first: list[float] = first) -> None:
                 if not first:
                     first.append(time.monotonic())
                 self.send_threadsafe(job.identity, Chunk(job.request.request_id, text, count,

@@ -71,7 +71,7 @@ class Sanctum:
         self.config = self.dir / "sanctum.toml"
         self.config.write_text(config_text or demo_config(self.port))
         self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.state))
-        self.log = open(self.dir / "log", "wb")  # noqa: SIM115
+        self.log = open(self.dir / "log", "wb")
         # packaged: no --config at all, the embedded default (only the port is moved).
         args = ["--port", str(self.port)] if packaged else ["--config", str(self.config)]
         self.proc = subprocess.Popen(

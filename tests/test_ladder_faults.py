@@ -3,11 +3,11 @@ that speak the real protocol, and the hosted rung is a real HTTP server."""
 
 from __future__ import annotations
 
+import http.client as httpclient
 import json
 import time
 from collections.abc import Iterator
 
-import http.client as httpclient
 import openai
 import pytest
 

@@ -249,11 +249,11 @@ def test_non_rollbackable_cache_declines() -> None:
                            intermediate_size=64, state_size=4, num_hidden_layers=2,
                            conv_kernel=3, use_bias=False, use_conv_bias=True, time_step_rank=4)
     model = mamba.Model(args)
-    config = parse_config(f"""
+    config = parse_config("""
 [[seat]]
 name = "s"
 model = "unused"
-drafter = {{ kind = "lookup" }}
+drafter = { kind = "lookup" }
 [[route]]
 model = "s"
 ladder = ["s"]

@@ -62,7 +62,7 @@ def main() -> None:
     sock.bind(args.endpoint)
     served = 0
     incarnation = 1
-    log = open(args.log, "a", buffering=1)  # noqa: SIM115
+    log = open(args.log, "a", buffering=1)
     cancelled: set[str] = set()
     muted: set[str] = set()
     ready = args.mode != "not_ready"
