@@ -78,8 +78,12 @@ class OpenAIArm:
         self.last_headers = {k.lower(): v for k, v in raw.headers.items()}
         times: list[float] = []
         usage = None
+        facts: dict[str, Any] = {}
         for chunk in raw.parse():
             now = time.perf_counter()
+            extra = getattr(chunk, "model_extra", None) or {}
+            if isinstance(extra.get("sanctum"), dict):
+                facts = extra["sanctum"]
             if chunk.choices:
                 c = chunk.choices[0]
                 text = c.delta.content if w.kind == "chat" else c.text  # type: ignore[union-attr]
@@ -91,7 +95,9 @@ class OpenAIArm:
         tokens = usage.completion_tokens if usage else len(times)
         prompt = usage.prompt_tokens if usage else 0
         figures = decode_figures(t0, times, end, tokens, prompt)
-        spec = self.last_headers.get("x-sanctum-speculation")
+        # A stream's headers leave before the seat knows how it decoded: the last
+        # chunk's `sanctum` object carries the fact; the header is the fallback.
+        spec = facts.get("speculation", self.last_headers.get("x-sanctum-speculation"))
         if spec is not None:
             figures["accelerated"] = 1.0 if spec == "accelerated" else 0.0
         return figures

@@ -51,7 +51,10 @@ class Workload:
         repeated prompt from its cache and time something else.  Both arms' k-th
         requests get the same salt, so a pair still compares equal prompts.
         """
-        salt = f"# request {k}\n"
+        # The temperature too: the t=0 and t=0.7 copies of one workload go to the same
+        # seat, and the k-th of each must not find the other's prompt in its cache.
+        at = "" if self.temperature is None else f" at t={self.temperature:g}"
+        salt = f"# request {k}{at}\n"
         if self.kind == "chat":
             (role, content), *rest = self.messages
             if self.history:  # the same salt, so the earlier turns stay a prefix
