@@ -247,6 +247,7 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                 async for frame in it:
                     if isinstance(frame, Chunk):
                         answer.served = frame.served_if_ok
+                        answer.speculation = frame.speculation or answer.speculation
                         if not gen.stream:
                             texts.append(frame.text)
                             if _gone(request):

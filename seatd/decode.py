@@ -45,7 +45,7 @@ log = structlog.get_logger()
 
 PREFILL_CHUNK = 512
 
-Emit = Callable[[str, int], None]
+Emit = Callable[[str, int, str], None]  # text, completion tokens, speculation state
 
 
 class DecodeCancelled(Exception):
@@ -240,7 +240,7 @@ def decode(
         if text:
             pieces.append(text)
             if emit is not None:
-                emit(text, count)
+                emit(text, count, report.state)
 
     if budget == 0:
         return DecodeResult("", "length", n_prompt, 0, report)

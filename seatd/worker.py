@@ -262,11 +262,12 @@ class SeatWorker:
             started = time.monotonic()
             first: list[float] = []
 
-            def emit(text: str, count: int, job: Job = job, first: list[float] = first) -> None:
+            def emit(text: str, count: int, state: str, job: Job = job,
+                     first: list[float] = first) -> None:
                 if not first:
                     first.append(time.monotonic())
                 self.send_threadsafe(job.identity, Chunk(job.request.request_id, text, count,
-                                                         self.counters.served + 1))
+                                                         self.counters.served + 1, state))
 
             with structlog.contextvars.bound_contextvars(request_id=rid, seat=self.seat.name):
                 try:

@@ -142,6 +142,9 @@ class Chunk(msgspec.Struct, frozen=True, tag="chunk"):
     # The seat serves one request at a time, so this is its `served` counter
     # after this request if it completes: the proxy can name it at commit.
     served_if_ok: int = 0
+    # Speculation's state when this text was committed, so that the header sent
+    # at the commit point can say it; the Final frame carries the final state.
+    speculation: str = ""
 
 
 class Final(msgspec.Struct, frozen=True, tag="final"):

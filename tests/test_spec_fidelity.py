@@ -73,6 +73,13 @@ def test_stream_equals_sync(up: Sanctum, seat: str, kv: str, speculate: bool,
     sync = raw.parse().choices[0].message.content
     expected = "accelerated" if speculate else "declined:disabled_by_request"
     assert raw.headers["x-sanctum-speculation"] == expected
-    chunks = list(client.chat.completions.create(stream=True, **args))
+    raw_stream = client.chat.completions.with_raw_response.create(stream=True, **args)
+    # The header leaves at the commit point: it says what the seat was doing then.
+    at_commit = raw_stream.headers["x-sanctum-speculation"]
+    if speculate and seat == "lookup":
+        assert at_commit in (expected, "declined:no_proposal")
+    else:
+        assert at_commit == expected
+    chunks = list(raw_stream.parse())
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert sync and streamed == sync
