@@ -71,7 +71,7 @@ BROKEN = [
     ("ThrottleInterval", 0, "ThrottleInterval"),
     ("EnvironmentVariables", {"SANCTUM_SPECULATION": "on", "SANCTUM_PROMPT_CACHE": "on"},
      "must set PATH"),
-    ("StandardOutPath", "/tmp/seatd.log", "StandardOutPath must be under"),
+    ("StandardOutPath", "/opt/logs/seatd.log", "StandardOutPath must be under"),
     ("ProgramArguments", ["sanctum", "seatd"], "ProgramArguments"),
     ("Label", "seatd", "Label must be"),
 ]
