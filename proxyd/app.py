@@ -383,27 +383,34 @@ def _route(proxy: Proxy, model: str) -> RouteConfig:
     return route
 
 
+def _begin(request: web.Request) -> str:
+    """Count the request and give it its id (the client's, when it sent a usable one)."""
+    request.app[PROXY].counters.inc("requests")
+    rid: str = request_id(request)
+    request["request_id"] = rid
+    return rid
+
+
+async def _dispatch(request: web.Request, kind: Kind, req: Any,
+                    gen: Generate) -> web.StreamResponse:
+    route = _route(request.app[PROXY], req.model)
+    usage = bool(req.stream_options and req.stream_options.include_usage)
+    return await serve(request, kind, route, gen, usage)
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    proxy = request.app[PROXY]
-    proxy.counters.inc("requests")
-    rid = request["request_id"] = request_id(request)
+    rid = _begin(request)
     req, messages, params = parse_chat(await request.read())
-    route = _route(proxy, req.model)
     gen = Generate(rid, req.stream, params, messages=messages, tools_json=tools_json(req),
                    **overrides(req))
-    usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await serve(request, "chat", route, gen, usage)
+    return await _dispatch(request, "chat", req, gen)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    proxy = request.app[PROXY]
-    proxy.counters.inc("requests")
-    rid = request["request_id"] = request_id(request)
+    rid = _begin(request)
     req, prompt, params = parse_completion(await request.read())
-    route = _route(proxy, req.model)
     gen = Generate(rid, req.stream, params, prompt=prompt, **overrides(req))
-    usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await serve(request, "completion", route, gen, usage)
+    return await _dispatch(request, "completion", req, gen)
 
 
 async def models(request: web.Request) -> web.Response:

@@ -89,9 +89,12 @@ class HostedRig:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def chat(self, stream: bool = False, **extra: Any) -> tuple[int, dict[str, str], bytes]:
+    def chat(self, stream: bool = False, timeout: float = 60,
+             **extra: Any) -> tuple[int, dict[str, str], bytes]:
+        """One chat request; a reply slower than `timeout` raises (it guards a hang)."""
         return http("POST", self.url + "/v1/chat/completions",
-                    body={"model": "m", "messages": MSG, "stream": stream, **extra}, timeout=60)
+                    body={"model": "m", "messages": MSG, "stream": stream, **extra},
+                    timeout=timeout)
 
     def counters(self) -> dict[str, Any]:
         return json.loads(http("GET", self.url + "/counters")[2])

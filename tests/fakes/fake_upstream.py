@@ -28,6 +28,7 @@ import json
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 from aiohttp import web
@@ -40,6 +41,7 @@ class FakeUpstream:
         self.answer = answer
         self.model = model
         self.requests: list[dict[str, Any]] = []
+        self.arrivals: list[float] = []  # when each request came, to see a back-off
         self.headers: list[dict[str, str]] = []
         self.actions: list[str] = []
         self._cursor = 0
@@ -104,6 +106,7 @@ class FakeUpstream:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self.arrivals.append(time.monotonic())
         self.headers.append(dict(request.headers))
         action = self.script[min(self._cursor, len(self.script) - 1)]
         self._cursor += 1
