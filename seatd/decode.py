@@ -3,8 +3,9 @@
 A lane is (sync | streaming) x (fp16 | q8 KV).  Streaming is this same loop
 emitting committed text as it goes; a sync request collects the same pieces, so
 streamed output equals sync output byte for byte for the same request and seed.
-Both KV modes sit behind mlx-lm's cache protocol (update, offset, trim), so
-speculation reaches every lane.
+Both KV modes sit behind mlx-lm's cache protocol (update, offset, trim), and so do
+a hybrid model's recurrent layers (`seatd.recurrent` rolls them back), so
+speculation reaches every lane of every model it can prove exact.
 
 Tokens come from one of two sources, consumed by the same loop below:
 - plain: one target step per token; the next step is scheduled (`async_eval`)
@@ -34,6 +35,7 @@ import mlx.core as mx
 import structlog
 from mlx_lm.models import cache as mlx_cache
 
+from seatd import recurrent
 from seatd.adaptive import DepthStats, observe
 from seatd.drafters import Drafter
 from seatd.sampling import KeyChain, sample
@@ -109,11 +111,16 @@ def _kv_group_size(model: Any) -> int:
 
 
 def make_cache(model: Any, kv: str) -> list[Any]:
-    """A fresh prompt cache for the lane's KV mode (`fp16` or `q8`)."""
+    """A fresh prompt cache for the lane's KV mode (`fp16` or `q8`).
+
+    q8 quantizes the attention layers' KV; a hybrid model's recurrent layers keep their
+    own state either way, made rollbackable where `seatd.recurrent` proved it exact."""
+    base = mlx_cache.make_prompt_cache(model)
     if kv == "q8":
         group = _kv_group_size(model)
-        return [mlx_cache.QuantizedKVCache(group_size=group, bits=8) for _ in model.layers]
-    return mlx_cache.make_prompt_cache(model)
+        base = [mlx_cache.QuantizedKVCache(group_size=group, bits=8)
+                if type(c) is mlx_cache.KVCache else c for c in base]
+    return recurrent.make_cache(model, base)
 
 
 def prefill(model: Any, cache: list[Any], prompt: mx.array, upto: int,
@@ -178,7 +185,8 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
             yield token
             continue
         block = mx.concatenate([mx.array([y], dtype=mx.uint32), draft.tokens])
-        logits = model(block[None], cache=cache)  # (1, k+1, V)
+        with recurrent.recording():  # recurrent layers keep what rolling back needs
+            logits = model(block[None], cache=cache)  # (1, k+1, V)
         if params.temperature == 0:
             n_arr, t_arr = verify_greedy(logits, draft.tokens[None])
         else:

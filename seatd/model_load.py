@@ -23,6 +23,7 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import dequantize_model, load
 
+from seatd import recurrent
 from shared.builtin import tokenizer_hash
 
 log = structlog.get_logger()
@@ -96,6 +97,7 @@ def load_for_compute(model_dir: Path, compute_dtype: str | None = None) -> Loade
         model = dequantize_model(model)
     _cast(model, COMPUTE_DTYPES[chosen])
     mx.eval(model.parameters())
+    rollback = recurrent.enable(model)
     context = int(config.get("max_position_embeddings") or 2048)
     tok_hash = tokenizer_hash(Path(model_dir))
     log.info(
@@ -108,5 +110,6 @@ def load_for_compute(model_dir: Path, compute_dtype: str | None = None) -> Loade
         dequantized=quantized and dequantize,
         context_length=context,
         tokenizer_hash=tok_hash[:12],
+        recurrent_rollback=rollback,
     )
     return LoadedModel(model, tokenizer, chosen, quantized, tok_hash, context)

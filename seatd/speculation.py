@@ -20,8 +20,8 @@ import os
 from typing import Any
 
 import structlog
-from mlx_lm.models import cache as mlx_cache
 
+from seatd import recurrent
 from seatd.adaptive import DepthStats, choose_depth
 from seatd.decode import Speculation, make_cache
 from seatd.drafters import LookupDrafter, ModelDrafter
@@ -41,7 +41,7 @@ def kill_switch(seat: SeatConfig) -> bool:
 
 def _can_roll_back(model: Any, kv: str) -> bool:
     try:
-        return mlx_cache.can_trim_prompt_cache(make_cache(model, kv))
+        return recurrent.can_roll_back(make_cache(model, kv))
     except (ValueError, AttributeError):  # no KV cache of this kind for this model
         return False
 

@@ -13,9 +13,9 @@ the last 30%).
 
 Writes to DIR: the bfloat16 weights as Hugging Face tensors in shards of at most 14 MiB
 (``hybrid-0000N.safetensors``), ``hybrid_manifest.json`` (config, held-out perplexity,
-training record) and ``hybrid_reference.npz``: float32 logits of the trained model (its weights rounded to
-bfloat16, as shipped) on the
-first 128 held-out tokens, which convert.py compares against the converted MLX model.
+training record) and ``hybrid_reference.npz``: float32 logits on the first 128 held-out
+tokens of the trained model with its weights rounded to bfloat16 as shipped, which
+convert_hybrid.py compares against the converted MLX model.
 """
 
 from __future__ import annotations
