@@ -36,17 +36,22 @@ def _nll_per_token(model: nn.Module, ids: list[int]) -> float:
     return nn.losses.cross_entropy(logits, mx.array(ids[1:]), reduction="mean").item()
 
 
+def _weights(name: str) -> int:
+    return sum(p.stat().st_size for p in (MODELS_DIR / name).rglob("*.safetensors"))
+
+
 def test_weights_are_small_enough_to_ship() -> None:
-    """The committed weights together stay under 40 MB."""
-    total = sum(p.stat().st_size for p in MODELS_DIR.rglob("*.safetensors"))
-    assert 0 < total < 40_000_000
+    """The pair's weights together stay under 40 MB, the hybrid's under 16 MB."""
+    assert 0 < _weights("demo") + _weights("demo-drafter") < 40_000_000
+    assert 0 < _weights("demo-hybrid") < 16_000_000
 
 
 def test_tokenizers_are_identical() -> None:
-    """Target and drafter ship byte-identical tokenizer files (same hash)."""
-    assert tokenizer_hash(resolve_model("builtin:demo")) == tokenizer_hash(
-        resolve_model("builtin:demo-drafter")
-    )
+    """Target, drafter and hybrid target ship byte-identical tokenizer files (same hash),
+    so one drafter serves both targets."""
+    hashes = {tokenizer_hash(resolve_model(f"builtin:{n}"))
+              for n in ("demo", "demo-drafter", "demo-hybrid")}
+    assert len(hashes) == 1
 
 
 def test_default_config_serves_the_pair() -> None:

@@ -185,7 +185,7 @@ def main() -> None:
     if not args.skip_quality:
         docs = heldout_ids(tk)
         out["heldout_tokens"] = sum(len(d) for d in docs)
-        out["ppl_target_5bit"] = perplexity(tm, docs)
+        out["ppl_target_shipped"] = perplexity(tm, docs)
         out["ppl_drafter"] = perplexity(dm, docs)
         if args.reference:
             ref = load_for_compute(Path(args.reference))
@@ -203,7 +203,7 @@ def main() -> None:
     )
     print(f"tok/s target {out['tok_s_target']:.1f} drafter {out['tok_s_drafter']:.1f}", flush=True)
     out["interleaved"] = []
-    for k in (int(s) for s in args.draft_tokens.split(",")):
+    for k in (int(s) for s in args.draft_tokens.split(",") if s):
         res = interleaved(tm, dm, tk, args.rounds, k, args.max_tokens, args.prompts)
         out["interleaved"].append(res)
         print(f"k={k}", flush=True)
