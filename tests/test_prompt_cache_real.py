@@ -179,6 +179,36 @@ def test_recurrent_state_resumes_only_at_its_exact_length(pair) -> None:
     assert cache.drain().discarded == {"not_trimmable": PREFILL_CHUNK}
 
 
+@pytest.mark.parametrize("kv", ["fp16", "q8"])
+def test_hybrid_demo_reuses_prompts_at_exact_length_while_speculating(pair, kv: str) -> None:
+    """The hybrid demo (gated-delta state that only rolls back inside a verify): turn 2
+    resumes at turn 1's checkpoint and, speculating, equals the cold answer at t=0 and
+    0.7; a prompt diverging inside a checkpoint resumes from nothing and the exact-length
+    rule counts what it threw away."""
+    from shared.builtin import resolve_model
+
+    _, drafter, _, ids = pair
+    loaded = load_for_compute(resolve_model("builtin:demo-hybrid"))
+    hybrid = (loaded.model, drafter, loaded.tokenizer, ids)
+    cache = SeatPromptCache(_seat(), loaded.model)
+    turn1 = ids[: PREFILL_CHUNK + 30]
+    _run(hybrid, cache, turn1, kv, 0.0, True)
+    assert cache.entries == 1 and not cache.policy.entries[0].trimmable
+    turn2 = ids[: PREFILL_CHUNK + 70]
+    for temp in (0.0, 0.7):
+        warm = _run(hybrid, cache, turn2, kv, temp, True)
+        cold = _run(hybrid, None, turn2, kv, temp, True)
+        assert warm.cached_tokens == PREFILL_CHUNK and cold.cached_tokens == 0
+        assert warm.speculation.state == cold.speculation.state == "accelerated"
+        assert (warm.text, warm.completion_tokens) == (cold.text, cold.completion_tokens)
+    cache = SeatPromptCache(_seat(), loaded.model)
+    _run(hybrid, cache, ids[: 2 * PREFILL_CHUNK + 10], kv, 0.0, False)
+    cache.drain()
+    other = ids[:800] + [(t + 1) % 8000 for t in ids[800:820]]
+    assert _run(hybrid, cache, other, kv, 0.0, False).cached_tokens == 0
+    assert cache.drain().discarded == {"not_trimmable": PREFILL_CHUNK}
+
+
 def test_an_error_during_generation_drops_the_entry_it_used(pair) -> None:
     """A request that resumed from an entry and then failed: the entry is dropped and
     counted `invalidated`; the copy it would have kept is not inserted."""

@@ -1,5 +1,8 @@
 """The fidelity gate through real processes: on every lane, with speculation on and off,
-at temperatures 0 and 0.7, a streamed answer equals the sync answer byte for byte."""
+at temperatures 0 and 0.7, a streamed answer equals the sync answer byte for byte.
+Seats: the demo target with the model drafter and with the lookup drafter, and the
+hybrid demo target (gated-delta layers, rolled back by `seatd.recurrent`) with the
+same model drafter."""
 
 from __future__ import annotations
 
@@ -34,9 +37,20 @@ drafter = {{ kind = "lookup" }}
 draft_depth = 3
 max_prompt_tokens = 1536
 
+[[seat]]
+name = "hybrid"
+model = "builtin:demo-hybrid"
+drafter = {{ kind = "model", path = "builtin:demo-drafter" }}
+draft_depth = 3
+max_prompt_tokens = 1536
+
 [[route]]
 model = "model"
 ladder = ["model"]
+
+[[route]]
+model = "hybrid"
+ladder = ["hybrid"]
 
 [[route]]
 model = "lookup"
@@ -51,7 +65,7 @@ def up() -> Iterator[Sanctum]:
     port = free_port()
     s = Sanctum(CONFIG.format(port=port), port=port)
     try:
-        s.wait_ready(("model", "lookup"))
+        s.wait_ready(("model", "lookup", "hybrid"))
         yield s
     except BaseException:
         s.kill_everything()
@@ -59,7 +73,7 @@ def up() -> Iterator[Sanctum]:
     assert s.stop() == 0
 
 
-LANES = list(itertools.product(["model", "lookup"], ["fp16", "q8"], [True, False], [0.0, 0.7]))
+LANES = list(itertools.product(["model", "lookup", "hybrid"], ["fp16", "q8"], [True, False], [0.0, 0.7]))
 
 
 @pytest.mark.parametrize(("seat", "kv", "speculate", "temperature"), LANES)

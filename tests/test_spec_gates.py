@@ -22,6 +22,7 @@ from seatd.drafters import ModelDrafter
 from seatd.model_load import load_for_compute
 from seatd.speculation import SeatSpeculation, kill_switch
 from seatd.verify import draft_probs, verify_sampled
+from shared.builtin import resolve_model
 from shared.config import parse_config
 from shared.protocol import Generate, SamplingParams
 from tests.spec_models import drafter_dir, snippet, target_dir
@@ -94,10 +95,30 @@ def _spread_positions(p_all: mx.array, params: SamplingParams) -> tuple[int, int
     return a, others[len(others) // 2]
 
 
+@pytest.fixture(scope="module")
+def hybrid_pair() -> Iterator[tuple[Any, Any, Any, list[int]]]:
+    """The hybrid demo target (gated-delta + attention) with the same drafter."""
+    target = load_for_compute(resolve_model("builtin:demo-hybrid"))
+    drafter = load_for_compute(drafter_dir())
+    ids = target.tokenizer.encode(snippet())
+    yield target.model, drafter.model, target.tokenizer, ids
+
+
 @pytest.mark.parametrize("temperature", [0.4, 0.7, 1.0])
 def test_rejection_sampler_follows_target_distribution(pair, temperature: float) -> None:
     """Emitted tokens follow p (chi-square at alpha 0.001); the sabotaged pairing fails."""
-    target, drafter, _, ids = pair
+    _distribution_gate(*pair, temperature)
+
+
+@pytest.mark.parametrize("temperature", [0.4, 0.7, 1.0])
+def test_rejection_sampler_follows_hybrid_target_distribution(hybrid_pair,
+                                                              temperature: float) -> None:
+    """The same gate on the hybrid target's logits."""
+    _distribution_gate(*hybrid_pair, temperature)
+
+
+def _distribution_gate(target: Any, drafter: Any, _tok: Any, ids: list[int],
+                       temperature: float) -> None:
     params = SamplingParams(temperature=temperature, top_p=0.95)
     p_all, q_all = _logits(target, ids), _logits(drafter, ids)
     pos_a, pos_b = _spread_positions(p_all, params)
@@ -164,6 +185,35 @@ def test_rollback_is_exact_at_every_acceptance_length(pair, kv: str) -> None:
         fed = verified(drafts[:kept], 0)  # only the kept tokens, a narrower forward
         lf = target(nxt, cache=fed)
         assert np.allclose(np.array(la), np.array(lf), atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kv", ["fp16", "q8"])
+def test_hybrid_rollback_is_exact_at_every_acceptance_length(hybrid_pair, kv: str) -> None:
+    """The trained hybrid demo, verify blocks of every depth up to the adaptive maximum,
+    every number of kept tokens: the rolled-back recurrent state, conv window and KV
+    equal, bit for bit, the state mlx-lm's own path reaches for the kept tokens at the
+    same batch shape; the next step's logits are identical."""
+    from mlx_lm.models import cache as mlx_cache
+
+    from seatd import recurrent
+    from seatd.adaptive import MAX_DEPTH
+
+    target, _, _, ids = hybrid_pair
+    assert getattr(target, recurrent.ENABLED_ATTR)
+    nxt = mx.array([[ids[90]]], dtype=mx.uint32)
+    for fed in range(2, MAX_DEPTH + 2):
+        block = mx.array(ids[60 : 60 + fed], dtype=mx.uint32)[None]
+        for keep in range(1, fed + 1):
+            live, ref = make_cache(target, kv), make_cache(target, kv)
+            for c in (live, ref):
+                target(mx.array(ids[:60], dtype=mx.uint32)[None], cache=c)
+            with recurrent.recording():
+                target(block, cache=live)
+            assert mlx_cache.trim_prompt_cache(live, fed - keep) == fed - keep
+            recurrent.feed_kept(target, ref, block, keep)
+            assert recurrent.same_state(live, ref), f"kv={kv} fed={fed} keep={keep}"
+            la, lb = target(nxt, cache=live), target(nxt, cache=ref)
+            assert mx.array_equal(la, lb).item(), f"kv={kv} fed={fed} keep={keep}: logits"
 
 
 class RaisingDrafter(ModelDrafter):
