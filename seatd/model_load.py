@@ -20,10 +20,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import structlog
 from mlx.utils import tree_flatten, tree_map
+from mlx_lm.models import cache as mlx_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import dequantize_model, load
 
-from seatd import recurrent
+from seatd import dtype_check, recurrent
 from shared.builtin import tokenizer_hash
 
 log = structlog.get_logger()
@@ -98,6 +99,9 @@ def load_for_compute(model_dir: Path, compute_dtype: str | None = None) -> Loade
     _cast(model, COMPUTE_DTYPES[chosen])
     mx.eval(model.parameters())
     rollback = recurrent.enable(model)
+    leaks = dtype_check.leaks(model, mlx_cache.make_prompt_cache(model), range(8))
+    if leaks:
+        log.warning("dtype_leak", path=str(model_dir), leaks=leaks)
     context = int(config.get("max_position_embeddings") or 2048)
     tok_hash = tokenizer_hash(Path(model_dir))
     log.info(

@@ -162,6 +162,16 @@ def test_residual_stream_keeps_its_dtype(dtype: mx.Dtype) -> None:
             assert dtype_check.leaks(m, cache, [1, 2, 3, 4]) == []
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_hybrid_demo_keeps_its_dtypes(dtype: str) -> None:
+    """The trained hybrid as a seat loads it, in each compute dtype, on both lanes."""
+    from seatd.model_load import load_for_compute
+
+    m = load_for_compute(resolve_model("builtin:demo-hybrid"), dtype).model
+    for kv in ("fp16", "q8"):
+        assert dtype_check.leaks(m, make_cache(m, kv), list(range(3, 40))) == []
+
+
 def test_dtype_leaks_are_caught(monkeypatch) -> None:
     """A kernel returning float32 into a bfloat16 stream, and a bfloat16 state, are named."""
     m = hybrid(mx.bfloat16)
