@@ -110,3 +110,19 @@ def test_spec_run_shows_ours_against_mlx_lm_with_acceptance() -> None:
     assert "decode tokens/s, ours over mlx-lm speculative, t=0 | **1.50x**" in text
     assert "| code-short t=0 | 60.00 | 40.00 | **1.50x** [1.50–1.50], n=3 |" in text
     assert "| 2.00 | 1.50 | 0.90 / 0.60 | 0.80 / 0.40 |" in text
+
+
+@pytest.mark.parametrize(("model", "depth", "stem"), [
+    ("builtin:demo", 4, "spec"),
+    ("builtin:demo", 3, "spec-d3"),
+    ("builtin:demo", None, "spec-adaptive"),
+    ("builtin:demo-hybrid", 4, "spec-demo-hybrid"),
+    ("builtin:demo-hybrid", 3, "spec-demo-hybrid-d3"),
+    ("/models/Some-Model/", None, "spec-Some-Model-adaptive"),
+])
+def test_spec_results_are_named_by_model_and_depth(model: str, depth: int | None,
+                                                   stem: str) -> None:
+    from sanctum.bench.cli import spec_stem
+    from sanctum.bench.comparisons import Options
+
+    assert spec_stem(Options(model=model, draft_depth=depth)) == stem

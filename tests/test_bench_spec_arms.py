@@ -35,3 +35,19 @@ def test_counter_acceptance(before: dict, after: dict, want: dict[str, float]) -
 
 def test_acceptance_figures_no_verifies() -> None:
     assert acceptance_figures(0, 0, []) == {}
+
+
+def test_verify_round_arm_times_rounds_and_rollbacks() -> None:
+    """The rollback comparison's arms on the hybrid demo: both time their rounds; only the
+    recording arm has a rollback to time."""
+    from sanctum.bench import arms as A
+    from sanctum.bench.workloads import Workload
+    from shared.builtin import resolve_model
+
+    w = Workload("w", "a prompt", "completion", prompt="def f(x):\n    return x + 1\n" * 4)
+    path = resolve_model("builtin:demo-hybrid")
+    rec = A.VerifyRoundArm(path, {"w": w}, width=4, keep=2, rollback=True, rounds=3)
+    plain = A.VerifyRoundArm(path, {"w": w}, width=4, keep=2, rollback=False, rounds=3)
+    a, b = rec("w"), plain("w")
+    assert a["round_s"] > 0 and a["rollback_s"] > 0 and a["rollback_s"] < a["round_s"]
+    assert b["round_s"] > 0 and "rollback_s" not in b

@@ -13,6 +13,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import json
+import statistics
 import threading
 import time
 import uuid
@@ -357,6 +358,13 @@ class InProcessSpecArm(InProcessArm):
         self.drafter = load_for_compute(drafter_dir)
         self.draft_tokens = draft_tokens
 
+    def supported(self) -> bool:
+        """mlx-lm speculates only where every layer's cache trims (no recurrent state)."""
+        from mlx_lm.models import cache as mlx_cache
+
+        return bool(mlx_cache.can_trim_prompt_cache(
+            mlx_cache.make_prompt_cache(self.loaded.model)))
+
     def __call__(self, name: str) -> dict[str, float]:
         import mlx.core as mx
         from mlx_lm.generate import speculative_generate_step
@@ -388,3 +396,58 @@ class InProcessSpecArm(InProcessArm):
         detok.finalize()
         end = time.perf_counter()
         return decode_figures(t0, times, end, n, len(prompt)) | stream_acceptance(flags)
+
+
+# -- rollback: verify rounds on a hybrid model, recorded and rolled back or not ----------
+
+
+class VerifyRoundArm(InProcessArm):
+    """Verify rounds of `width` tokens on the seat's own decode path, in this process.
+
+    `rollback=True`: each forward records what a rollback needs (`seatd.recurrent`) and
+    the cache is then rolled back to `keep` tokens, as after a partial accept.  False:
+    the same forwards unrecorded and never rolled back, the cost of a verify that could
+    not roll a recurrent layer back.  Figures: median seconds per round and, with
+    rollback, the median seconds of the rollback itself (trim plus evaluating what it
+    restored)."""
+
+    def __init__(self, model_dir: Path, workloads: dict[str, Workload], width: int,
+                 keep: int, rollback: bool, rounds: int = 24) -> None:
+        super().__init__(model_dir, 0.0, 0, workloads)
+        self.width, self.keep, self.rollback, self.rounds = width, keep, rollback, rounds
+
+    def __call__(self, name: str) -> dict[str, float]:
+        import mlx.core as mx
+        from mlx_lm.models import cache as mlx_cache
+
+        from seatd import recurrent
+        from seatd.decode import make_cache
+
+        self.calls[name] += 1
+        w = self.workloads[name].salted(self.calls[name])
+        ids = self.tokens(w)
+        model = self.loaded.model
+        cache = make_cache(model, "fp16")
+        model(mx.array(ids, dtype=mx.uint32)[None], cache=cache)
+        mx.eval(recurrent.state_arrays(cache))
+        rounds: list[float] = []
+        rollbacks: list[float] = []
+        for r in range(self.rounds):
+            start = (r * self.width) % max(1, len(ids) - self.width)
+            block = mx.array(ids[start : start + self.width], dtype=mx.uint32)[None]
+            t0 = time.perf_counter()
+            if self.rollback:
+                with recurrent.recording():
+                    logits = model(block, cache=cache)
+                mx.eval(logits)
+                t1 = time.perf_counter()
+                mlx_cache.trim_prompt_cache(cache, self.width - self.keep)
+                mx.eval(recurrent.state_arrays(cache))
+                rollbacks.append(time.perf_counter() - t1)
+            else:
+                mx.eval(model(block, cache=cache))
+            rounds.append(time.perf_counter() - t0)
+        out = {"round_s": statistics.median(rounds)}
+        if rollbacks:
+            out["rollback_s"] = statistics.median(rollbacks)
+        return out

@@ -16,7 +16,10 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sanctum.bench.comparisons import Options
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "bench" / "results"
@@ -61,15 +64,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name in names:
         print(f"sanctum bench: {name}", file=sys.stderr, flush=True)
         run = COMPARISONS[name](opts)
-        stem = name
-        if name == "spec" and depth != Options().draft_depth:
-            stem = f"spec-{'adaptive' if depth is None else f'd{depth}'}"
+        stem = spec_stem(opts) if name == "spec" else name
         save_run(run, out / f"{stem}.json")
         if run.not_measurable:
             print(f"  not measurable: {run.not_measurable}", file=sys.stderr)
     if args.report:
         return cmd_report(args)
     return 0
+
+
+def spec_stem(opts: Options) -> str:
+    """spec, or spec-MODEL-dN / spec-adaptive for runs off the default model or depth."""
+    from sanctum.bench.comparisons import Options
+
+    parts = ["spec"]
+    if opts.model != Options().model:
+        parts.append(opts.model.removeprefix("builtin:").rstrip("/").rsplit("/", 1)[-1])
+    if opts.draft_depth != Options().draft_depth:
+        parts.append("adaptive" if opts.draft_depth is None else f"d{opts.draft_depth}")
+    return "-".join(parts)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -345,17 +345,22 @@ def spec(opts: Options) -> Run:
         ("spec", str(path), cap + 64, extra + depth_line + "speculation = true\n"),
         ("plain", str(path), cap + 64, extra + "speculation = false\n")])
     mlx_spec = A.InProcessSpecArm(path, drafter, theirs_depth, 0.0, opts.tokens, by_name)
+    refused = []
+    if not mlx_spec.supported():
+        refused = ["mlx-lm's speculative_generate_step refuses this model (its prompt cache "
+                   "cannot be trimmed: recurrent layers), so only our two arms run."]
     ours_depth = f"draft_depth = {depth}" if depth is not None else "adaptive draft depth"
     with servers.sanctum_up(config, ("spec", "plain"), port) as url:
         arms = {"speculative": (f"our seat with the drafter, speculation on, {ours_depth}",
                                 A.SeatSpecArm(url, "spec", 0.0, opts.tokens, by_name)),
                 "plain": ("our seat, same config, speculation off",
-                          A.OpenAIArm(url, "plain", 0.0, opts.tokens, by_name)),
-                "mlx-lm speculative": (
-                    "mlx-lm speculative_generate_step in the benchmark process, same pair "
-                    f"(load_for_compute), num_draft_tokens = {theirs_depth}", mlx_spec)}
+                          A.OpenAIArm(url, "plain", 0.0, opts.tokens, by_name))}
+        if not refused:
+            arms["mlx-lm speculative"] = (
+                "mlx-lm speculative_generate_step in the benchmark process, same pair "
+                f"(load_for_compute), num_draft_tokens = {theirs_depth}", mlx_spec)
         run = _run(opts, "spec", title, "plain", arms, workloads, opts.model,
-                   [f"Workloads from {source}.", f"{opts.tokens} new tokens per request; "
+                   [*refused, f"Workloads from {source}.", f"{opts.tokens} new tokens per request; "
                     "acceptance length = accepted draft tokens per verify (ours from the "
                     "seat's counters before and after each request, mlx-lm's from its "
                     "from_draft flags); accept_pN = share of verifies that accepted draft "
@@ -423,6 +428,46 @@ def cache(opts: Options) -> Run:
                      "its own earlier turns can be cached."])
 
 
+# -- 6. the price of rolling a recurrent layer back ---------------------------------------
+
+HYBRID = "builtin:demo-hybrid"
+
+
+def rollback(opts: Options) -> Run:
+    from mlx_lm.utils import load_tokenizer
+
+    title = "Verify rounds on a hybrid model: recorded and rolled back, against unrecorded"
+    model = opts.model if opts.model != Options().model else HYBRID
+    try:
+        path = model_path(model)
+    except ValueError as exc:
+        return _not_measurable("rollback", title, f"no hybrid model ({exc})", model)
+    tokenizer = load_tokenizer(path)
+    source, base = _workloads(tokenizer, _cap(2048, opts.tokens))
+    workloads = [w for w in base if w.name in (opts.workloads or SPEC_WORKLOADS)]
+    by_name = {w.name: w for w in workloads}
+    width = (opts.draft_depth or 3) + 1
+    keep = max(1, width // 2)
+    recorded = A.VerifyRoundArm(path, by_name, width, keep, rollback=True)
+    if not any(getattr(c, "trail", None) is not None or type(c).__name__ == "RollbackArraysCache"
+               for c in __import__("seatd.decode", fromlist=["make_cache"]).make_cache(
+                   recorded.loaded.model, "fp16")):
+        return _not_measurable("rollback", title, "the model has no rollbackable recurrent "
+                               "layers", model)
+    arms = {"record + rollback": (f"verify of {width} tokens recorded, rolled back to {keep}",
+                                  recorded),
+            "unrecorded": (f"the same verify of {width} tokens, not recorded, no rollback",
+                           A.VerifyRoundArm(path, by_name, width, keep, rollback=False))}
+    return _run(opts, "rollback", title, "unrecorded", arms, workloads, model,
+                [f"Workloads from {source}: each request prefills the workload's prompt, "
+                 f"then times {recorded.rounds} verify rounds; figures are per-round "
+                 "medians.",
+                 "round_s is one verify forward (with recording where it applies) and, "
+                 "with rollback, the trim to the kept tokens; rollback_s is that trim "
+                 "alone, evaluated."])
+
+
 COMPARISONS: dict[str, Callable[[Options], Run]] = {
     "stack": stack, "mlx-server": mlx_server, "proxy": proxy, "spec": spec, "cache": cache,
+    "rollback": rollback,
 }

@@ -24,13 +24,14 @@ from sanctum.bench.stats import (
     summarize,
 )
 
-ORDER = ["stack", "mlx-server", "proxy", "spec", "cache"]
+ORDER = ["stack", "mlx-server", "proxy", "spec", "cache", "rollback"]
 SECTION = {
     "stack": "1. Our stack against the same model in-process",
     "mlx-server": "2. Our stack against mlx_lm.server",
     "proxy": "3. Proxy overhead with a null seat",
     "spec": "4. Speculative against plain decoding",
     "cache": "5. Prompt cache on against off",
+    "rollback": "6. Rolling back a hybrid model's recurrent layers",
 }
 # Which figures each comparison reports, and its goals (speed ratio, arm over baseline).
 SHOWN = {
@@ -38,6 +39,7 @@ SHOWN = {
     "mlx-server": ["decode_tps", "ttft_s", "e2e_s"],
     "spec": ["decode_tps", "e2e_s", "accept_len"],
     "cache": ["ttft_s", "e2e_s"],
+    "rollback": ["round_s", "rollback_s"],
     "proxy": ["latency_p50_s", "latency_p99_s", "per_token_p50_s", "per_token_p99_s", "rps"],
 }
 GOALS = {"stack": 0.95, "mlx-server t=0": 1.0, "mlx-server t=0.7": 1.3}
@@ -78,6 +80,12 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
             if r:
                 out.append((f"end-to-end speed, t={t}, all workloads", summarize(r),
                             GOALS.get(f"mlx-server t={t}")))
+        return out
+    if run.comparison == "rollback":
+        r = pair_ratios(run.samples, "round_s", arm, base)
+        if r:
+            out.append(("verify-round speed, recorded and rolled back over unrecorded",
+                        summarize(r), None))
         return out
     for fig in ("e2e_s", "decode_tps"):
         r = pair_ratios(run.samples, fig, arm, base)
@@ -130,6 +138,9 @@ def _table(run: Run, warnings: list[str]) -> list[str]:
             unit = FIGURES[fig][0]
             a = figure_values(run.samples, fig, arm, w)
             b = figure_values(run.samples, fig, base, w)
+            if a and not b:  # a figure only one arm has (the rollback itself)
+                lines.append(f"| {w} | {fig} | {fmt_summary(summarize(a), unit)} | - | - |")
+                continue
             if not a or not b:
                 continue
             sa, sb = summarize(a), summarize(b)

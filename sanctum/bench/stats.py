@@ -34,6 +34,8 @@ FIGURES: dict[str, tuple[str, bool]] = {
     "latency_p99_s": ("s", False),
     "per_token_p50_s": ("s", False),
     "per_token_p99_s": ("s", False),
+    "round_s": ("s", False),
+    "rollback_s": ("s", False),
 }
 
 
