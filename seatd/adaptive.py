@@ -4,8 +4,18 @@ Per seat, across requests: acceptance per draft position (how often position i
 was kept, given the ones before it were) and the wall time of a round at each
 depth, both as moving averages.  Expected tokens of a round of depth k are
 1 + sum_{i<=k} prod_{j<=i} a_j; its rate is that over the round's time.  Depth 0
-is plain decoding, parked on when no depth beats it; depths are re-probed now
-and then, since acceptance depends on the traffic.
+is plain decoding.
+
+Two levels:
+- `choose_depth` (per request, seat-wide figures): warms every depth up once, then
+  parks a request at 0 when no depth beats plain decoding even at the seat's
+  acceptance, re-probing now and then;
+- `RoundPolicy` (per round, inside a request): the seat's round times frozen at the
+  request's start, and the request's own acceptance (the seat's as a prior).  Prose
+  that the drafter predicts badly parks at 0 within a few rounds, in bursts of plain
+  decoding with a probe round between them; code that it predicts well drafts deep.
+  The choice reads no clock, so the same request with the same figures takes the same
+  path streaming or not.
 """
 
 from __future__ import annotations
@@ -13,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_DEPTH = 6
+PRIOR_WEIGHT = 2.0  # the seat's acceptance counts as this many rounds of the request's
+PARK_TOKENS = 8  # plain tokens between probe rounds while parked at depth 0
 ALPHA = 0.1  # weight of a new observation
 PROBE_EVERY = 8  # requests between probes of a neighbouring depth
 WARM_ORDER = (3, 5, 1, 0, 2, 4, 6)  # each depth serves one request before rates decide
@@ -67,3 +79,71 @@ def observe(s: DepthStats, depth: int, kept: int, seconds: float) -> None:
     for i in range(min(kept + 1, depth)):
         hit = 1.0 if i < kept else 0.0
         s.accept[i] = (1 - ALPHA) * s.accept[i] + ALPHA * hit
+
+
+def round_times(s: DepthStats) -> tuple[float, ...] | None:
+    """Seconds of a round at each depth 0..max (0: one plain token), or None while the seat
+    lacks plain time or two positive depths.  Unmeasured depths are filled by a line
+    through the measured ones (a round costs about a + b*k)."""
+    measured = {k: t for k, t in s.seconds.items() if t > 0 and k <= s.max_depth}
+    pos = sorted(k for k in measured if k > 0)
+    if 0 not in measured or len(pos) < 2:
+        return None
+    mean_k = sum(pos) / len(pos)
+    mean_t = sum(measured[k] for k in pos) / len(pos)
+    var = sum((k - mean_k) ** 2 for k in pos)
+    slope = max(0.0, sum((k - mean_k) * (measured[k] - mean_t) for k in pos) / var)
+    base = mean_t - slope * mean_k
+    return tuple(measured.get(k, max(1e-9, base + slope * k)) for k in range(s.max_depth + 1))
+
+
+@dataclass
+class RoundPolicy:
+    """The draft depth of each round of one request (0: a burst of plain tokens)."""
+
+    seconds: tuple[float, ...]
+    prior: tuple[float, ...]
+    tries: list[int] = field(default_factory=list)
+    hits: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.seconds) - 1
+        self.tries = self.tries or [0] * n
+        self.hits = self.hits or [0] * n
+
+    @classmethod
+    def from_stats(cls, s: DepthStats) -> RoundPolicy | None:
+        times = round_times(s)
+        if times is None:
+            return None
+        return cls(times, tuple(s.accept[: len(times) - 1]))
+
+    def accept(self, i: int) -> float:
+        """Acceptance of position i given the earlier ones kept: the request's own count
+        over the seat's prior; a position the request never reached borrows the estimate
+        of the nearest one before it, so a request that keeps everything goes deeper."""
+        if i > 0 and self.tries[i] == 0 and any(self.tries[:i]):
+            return self.accept(i - 1)
+        return (self.prior[i] * PRIOR_WEIGHT + self.hits[i]) / (PRIOR_WEIGHT + self.tries[i])
+
+    def expected(self, k: int) -> float:
+        total, run = 1.0, 1.0
+        for i in range(k):
+            run *= self.accept(i)
+            total += run
+        return total
+
+    def best(self, lowest: int = 0) -> int:
+        """The depth with the highest expected rate (the shallower on a tie)."""
+        return max(range(lowest, len(self.seconds)),
+                   key=lambda k: (self.expected(k) / self.seconds[k], -k))
+
+    def observe(self, drafted: int, kept: int) -> None:
+        for i in range(min(kept + 1, drafted)):
+            self.tries[i] += 1
+            self.hits[i] += i < kept
+
+    def ever_profitable(self) -> bool:
+        """Would any depth beat plain decoding if every draft were accepted?"""
+        plain = 1.0 / self.seconds[0]
+        return any((k + 1) / self.seconds[k] > plain for k in range(1, len(self.seconds)))

@@ -36,7 +36,7 @@ import structlog
 from mlx_lm.models import cache as mlx_cache
 
 from seatd import recurrent
-from seatd.adaptive import DepthStats, observe
+from seatd.adaptive import PARK_TOKENS, DepthStats, RoundPolicy, observe
 from seatd.drafters import Drafter
 from seatd.sampling import KeyChain, sample
 from seatd.stops import scan_stops
@@ -70,9 +70,10 @@ class Speculation:
     """How a request may speculate, decided by the worker before it starts."""
 
     drafter: Drafter | None
-    depth: int  # draft length for this request; 0 = plain
+    depth: int  # draft length for this request (the most, with a policy); 0 = plain
     stats: DepthStats
     decline: str | None = None  # set: serve plain and report this reason
+    policy: RoundPolicy | None = None  # set: the depth is chosen round by round
 
 
 @dataclass
@@ -162,9 +163,24 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
     drafter = spec.drafter
     assert drafter is not None
     produced = 0
+    policy = spec.policy
     while produced < budget:
+        wanted = spec.depth if policy is None else min(spec.depth, policy.best())
+        if policy is not None and wanted == 0:
+            # Parked: a burst of pipelined plain tokens, then a probe round.
+            n = min(PARK_TOKENS, budget - produced)
+            started = time.perf_counter()
+            for token in _plain(model, cache, y, params, keys, n):
+                drafter.plain(token)
+                produced += 1
+                y = token
+                yield token
+            observe(spec.stats, 0, 0, (time.perf_counter() - started) / n)
+            if produced >= budget:
+                return
+            wanted = min(spec.depth, policy.best(lowest=1))
         # Room for k drafts plus the token after them, in the answer and the context.
-        k = max(0, min(spec.depth, budget - produced - 1, context_room - produced - 1))
+        k = max(0, min(wanted, budget - produced - 1, context_room - produced - 1))
         started = time.perf_counter()
         draft = None
         if k > 0:
@@ -200,6 +216,8 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
         mlx_cache.trim_prompt_cache(cache, drafted - kept)
         drafter.settle(kept, drafted, token, tokens)
         observe(spec.stats, drafted, kept, time.perf_counter() - started)
+        if policy is not None:
+            policy.observe(drafted, kept)
         report.state = "accelerated"
         report.drafts += 1
         report.draft_tokens += drafted

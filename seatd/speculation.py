@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 
 from seatd import recurrent
-from seatd.adaptive import DepthStats, choose_depth
+from seatd.adaptive import DepthStats, RoundPolicy, choose_depth
 from seatd.decode import Speculation, make_cache
 from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.prompt_cache import OFF_VALUES
@@ -87,9 +87,17 @@ class SeatSpeculation:
             return Speculation(None, 0, self.stats, self.unusable)
         if not self.rollback.get(kv, False):
             return Speculation(None, 0, self.stats, "cache_not_rollbackable")
-        depth = self.seat.draft_depth if self.seat.draft_depth is not None \
-            else choose_depth(self.stats)
+        policy = None
+        if self.seat.draft_depth is not None:
+            depth = self.seat.draft_depth
+        else:
+            depth = choose_depth(self.stats)
+            policy = RoundPolicy.from_stats(self.stats)
+            if policy is not None and depth > 0:
+                depth = self.stats.max_depth  # the policy picks each round's depth
+            if policy is not None and not policy.ever_profitable():
+                depth = 0
         if depth == 0:
             return Speculation(None, 0, self.stats, "not_profitable")
         drafter = ModelDrafter(self.drafter_model) if self.kind == "model" else LookupDrafter()
-        return Speculation(drafter, depth, self.stats)
+        return Speculation(drafter, depth, self.stats, policy=policy)

@@ -1,6 +1,17 @@
-"""Adaptive draft depth: expected tokens, warm-up, choice by rate, parking at 0."""
+"""Adaptive draft depth: expected tokens, warm-up, choice by rate, parking at 0, and the
+per-round policy inside a request."""
 
-from seatd.adaptive import WARM_ORDER, DepthStats, choose_depth, observe
+import pytest
+
+from seatd.adaptive import (
+    MAX_DEPTH,
+    WARM_ORDER,
+    DepthStats,
+    RoundPolicy,
+    choose_depth,
+    observe,
+    round_times,
+)
 
 
 def warmed(accept: float, round_s: dict[int, float]) -> DepthStats:
@@ -59,3 +70,45 @@ def test_observe_updates_acceptance_per_position() -> None:
     assert s.accept[0] > 0.5 and s.accept[1] > 0.5
     assert s.accept[2] < 0.5
     assert s.accept[3] == 0.5
+
+
+def test_round_times_fill_unmeasured_depths_on_a_line() -> None:
+    s = DepthStats(seconds={0: 0.02, 1: 0.03, 3: 0.05})
+    times = round_times(s)
+    assert times is not None and len(times) == MAX_DEPTH + 1
+    assert times[0] == 0.02 and times[1] == 0.03 and times[3] == 0.05
+    assert abs(times[2] - 0.04) < 1e-12 and abs(times[6] - 0.08) < 1e-12
+    assert round_times(DepthStats(seconds={1: 0.03, 3: 0.05})) is None  # no plain time
+    assert round_times(DepthStats(seconds={0: 0.02, 3: 0.05})) is None  # one depth
+
+
+CHEAP = tuple([0.020] + [0.022 + 0.002 * k for k in range(1, 7)])  # verify ~ a step
+
+
+@pytest.mark.parametrize(("prior", "history", "expected"), [
+    (0.9, [], 6),  # a good prior and cheap rounds: deep
+    (0.6, [(6, 6)] * 10, 6),  # the request keeps everything
+    (0.6, [(3, 0)] * 10, 0),  # the request's drafts always fail: park
+    (0.1, [], 0),  # a bad prior parks before trying
+    (0.1, [(2, 2)] * 20, 6),  # the request's own acceptance outweighs the prior
+])
+def test_round_policy_follows_the_requests_own_acceptance(prior: float, history: list,
+                                                          expected: int) -> None:
+    p = RoundPolicy(CHEAP, (prior,) * 6)
+    for drafted, kept in history:
+        p.observe(drafted, kept)
+    assert p.best() == expected
+
+
+def test_round_policy_probes_a_positive_depth_and_knows_a_lost_cause() -> None:
+    p = RoundPolicy(CHEAP, (0.1,) * 6)
+    assert p.best() == 0 and p.best(lowest=1) >= 1
+    assert p.ever_profitable()
+    costly = RoundPolicy(tuple([0.02] + [0.05 * (k + 1) for k in range(1, 7)]), (0.9,) * 6)
+    assert not costly.ever_profitable()
+
+
+def test_round_policy_counts_only_positions_it_reached() -> None:
+    p = RoundPolicy(CHEAP, (0.5,) * 6)
+    p.observe(4, 1)
+    assert p.tries == [1, 1, 0, 0, 0, 0] and p.hits == [1, 0, 0, 0, 0, 0]

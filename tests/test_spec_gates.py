@@ -312,3 +312,47 @@ ladder = ["s"]
     for kv in ("fp16", "q8"):
         assert spec.plan(Generate("r", False, SamplingParams()), kv).decline == \
             "cache_not_rollbackable"
+
+
+def _policy() -> Any:
+    from seatd.adaptive import RoundPolicy
+
+    # Round times as this CPU measures the demo pair (plain 50 ms, a verify about one
+    # step, 8 ms per drafter token), the seat's usual prior.
+    return RoundPolicy(tuple([0.050] + [0.055 + 0.008 * k for k in range(1, 7)]), (0.6,) * 6)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_round_policy_parks_a_useless_drafter_and_drafts_deep_with_a_good_one(
+        pair, temperature: float) -> None:
+    """Inside one request: a drafter that never agrees is parked after a few rounds (plain
+    bursts with a probe between), the demo drafter on code drafts deep; streaming takes
+    the same path as sync, so the text is identical."""
+    from mlx_lm.models import llama
+
+    from seatd.adaptive import MAX_DEPTH, PARK_TOKENS
+
+    target, drafter, tok, ids = pair
+    mx.random.seed(3)
+    useless = llama.Model(llama.ModelArgs(
+        model_type="llama", hidden_size=64, num_hidden_layers=1, intermediate_size=128,
+        num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-5, vocab_size=8192,
+        tie_word_embeddings=True))
+    params = SamplingParams(temperature=temperature, max_tokens=64, seed=5)
+
+    def run(model: Any, stream: bool) -> Any:
+        pieces: list[str] = []
+        spec = Speculation(ModelDrafter(model), MAX_DEPTH, DepthStats(), policy=_policy())
+        out = decode(target, tok, ids[:200], params, kv="fp16", context_length=2048,
+                     spec=spec, emit=(lambda t, n, s: pieces.append(t)) if stream else None)
+        assert not stream or "".join(pieces) == out.text
+        return out
+
+    bad, bad_stream = run(useless, False), run(useless, True)
+    assert bad.text == bad_stream.text
+    assert bad.speculation.drafts <= 3 + bad.completion_tokens // PARK_TOKENS
+    assert bad.speculation.accepted_tokens <= 2
+    good, good_stream = run(drafter, False), run(drafter, True)
+    assert good.text == good_stream.text
+    assert good.speculation.state == "accelerated"
+    assert good.speculation.draft_tokens / good.speculation.drafts >= 3
