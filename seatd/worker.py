@@ -166,7 +166,8 @@ class SeatWorker:
                     try:
                         self.queue.put_nowait(job)
                     except asyncio.QueueFull:
-                        self.send(identity, self.final(job, Failed("queue_full", "seat overloaded")))
+                        self.send(identity,
+                                  self.final(job, Failed("queue_full", "seat overloaded")))
             case Cancel(request_id=rid):
                 self.cancelled.add(rid)
             case GetCounters():
@@ -197,7 +198,8 @@ class SeatWorker:
         return prompt_ids(self.loaded.tokenizer, request.messages, request.prompt,
                           request.tools_json)
 
-    def generate(self, job: Job, emit: Callable[[str, int], None]) -> tuple[Outcome, DecodeResult | None, int]:
+    def generate(self, job: Job, emit: Callable[[str, int], None]
+                 ) -> tuple[Outcome, DecodeResult | None, int]:
         """Runs on the MLX thread.  Returns the outcome, the result and the prompt size."""
         assert self.loaded is not None
         request = job.request

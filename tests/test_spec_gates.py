@@ -43,8 +43,8 @@ def chi_square(counts: np.ndarray, probs: np.ndarray, trials: int) -> tuple[floa
     """Pearson's statistic over bins expecting >= 5, the rest pooled in one bin."""
     expected = probs * trials
     big = expected >= 5
-    obs = list(counts[big]) + [counts[~big].sum()]
-    exp = list(expected[big]) + [expected[~big].sum()]
+    obs = [*counts[big], counts[~big].sum()]
+    exp = [*expected[big], expected[~big].sum()]
     stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True) if e > 0)
     return float(stat), len(obs) - 1
 
@@ -261,7 +261,7 @@ ladder = ["s"]
 
 def test_declines_with_reasons(pair, tmp_path: Path, monkeypatch) -> None:
     """Kill switch, a drafter with another tokenizer, a drafter that cannot load."""
-    target, _, tok, _ = pair
+    target, _, _, _ = pair
     from shared.builtin import tokenizer_hash
 
     h = tokenizer_hash(target_dir())
