@@ -44,6 +44,7 @@ from shared.errors import (
     AllRungsFailed,
     NoPrivateSeat,
     NotFound,
+    Overloaded,
     PromptTooLong,
     SanctumError,
     Unauthorized,
@@ -66,6 +67,8 @@ from shared.protocol import SeatCounters as SeatCountersReply
 log = structlog.get_logger()
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Failures that say nothing about the seat's health: its circuit neither opens nor closes.
+NOT_THE_SEATS_FAULT = ("client_disconnected", "queue_full")
 
 
 class Proxy:
@@ -105,7 +108,7 @@ class Proxy:
 
     def settle(self, name: str, outcome: Outcome) -> None:
         """Feed an attempt's end to its rung's breaker: only real failures count."""
-        if isinstance(outcome, Failed) and outcome.reason == "client_disconnected":
+        if isinstance(outcome, Failed) and outcome.reason in NOT_THE_SEATS_FAULT:
             self.breakers[name] = breaker.release(self.breakers[name])
             return
         real = isinstance(outcome, Failed)
@@ -160,8 +163,10 @@ def request_id(request: web.Request) -> str:
 
 
 def error_response(exc: SanctumError, rid: str | None = None) -> web.Response:
-    headers = {"X-Request-Id": rid} if rid else None
-    return web.json_response(exc.body(), status=exc.status, headers=headers)
+    headers = {"X-Request-Id": rid} if rid else {}
+    if exc.retry_after_s is not None:
+        headers["Retry-After"] = str(exc.retry_after_s)
+    return web.json_response(exc.body(), status=exc.status, headers=headers or None)
 
 
 @web.middleware
@@ -350,6 +355,13 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
             f"{biggest.margin})",
             prompt_tokens=biggest.tokens, cap=biggest.cap, margin=biggest.margin, seat=name,
             limit="proxy_cap", attempts=header)
+    if any(isinstance(o, Failed) and o.reason == "queue_full" for _, o in attempts) and all(
+            isinstance(o, Skipped) or (isinstance(o, Failed) and o.reason == "queue_full")
+            for _, o in attempts):
+        # Busy, not broken: every rung that was tried had a full queue.
+        counters.inc("overloaded")
+        raise Overloaded(f"every seat of route {route.model!r} is busy; retry shortly",
+                         attempts=header)
     if ladder.filtered_offbox:
         counters.inc("offbox_blocked")
         raise NoPrivateSeat(

@@ -19,7 +19,7 @@ from shared.caps import summarise
 REFUSED_SAMPLE = 512
 
 PLAIN = ("requests", "offbox_blocked", "over_cap", "midstream_aborts", "client_disconnects",
-         "bad_requests", "cap_disagreements")
+         "bad_requests", "cap_disagreements", "overloaded")
 # name -> label names
 LABELLED: dict[str, tuple[str, ...]] = {
     "answered_by": ("seat",),

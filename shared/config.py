@@ -102,6 +102,9 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # local (mlx) seats: the prompt cache (seatd/prompt_cache.py).  Megabytes of KV
     # kept for prompt prefixes, the request in flight's own KV included; 0 = off.
     prompt_cache_mb: Annotated[int, msgspec.Meta(ge=0)] = 512
+    # local (mlx) seats: requests waiting behind the one being decoded; one more is
+    # refused at once (the proxy tries the next rung, or answers 503 with Retry-After).
+    max_queued: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 64
 
 
 class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -8,7 +8,8 @@
     │   └── PromptTooLong              413 invalid_request_error / prompt_too_long
     └── ServiceError                   5xx: every allowed rung failed
         ├── NoPrivateSeat              503 no_private_seat
-        └── AllRungsFailed             503 all_rungs_failed
+        ├── AllRungsFailed             503 all_rungs_failed
+        └── Overloaded                 503 overloaded (Retry-After)
 
 Seat outcomes map onto it: `Rejected(status, code)` becomes a ClientError with
 that status and code; `Failed` on the last rung becomes a ServiceError.
@@ -23,6 +24,7 @@ class SanctumError(Exception):
     status = 500
     type = "server_error"
     code = "internal_error"
+    retry_after_s: int | None = None  # set: the response says Retry-After
 
     def __init__(self, message: str, *, code: str | None = None, status: int | None = None,
                  param: str | None = None, **extra: Any) -> None:
@@ -83,6 +85,13 @@ class NoPrivateSeat(ServiceError):
 
 class AllRungsFailed(ServiceError):
     code = "all_rungs_failed"
+
+
+class Overloaded(ServiceError):
+    """Every rung was busy (its queue full): worth retrying soon, said by Retry-After."""
+
+    code = "overloaded"
+    retry_after_s = 1
 
 
 def client_error(status: int, code: str, message: str, **extra: Any) -> ClientError:

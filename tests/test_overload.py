@@ -1,0 +1,97 @@
+"""Overload with a real seat: a full queue is refused at once with 503 `overloaded` and
+Retry-After, the waiting request is still served, and the seat's circuit stays closed
+(busy is not broken)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.procs import Sanctum, free_port, http
+from tests.spec_models import snippet
+
+pytestmark = pytest.mark.slow
+
+CONFIG = """
+[proxy]
+listen = "127.0.0.1:{port}"
+breaker_threshold = 3
+
+[seatd]
+heartbeat_s = 0.5
+
+[[seat]]
+name = "demo"
+model = "builtin:demo"
+max_prompt_tokens = 1536
+prompt_cache_mb = 0
+max_queued = 1
+
+[[route]]
+model = "demo"
+ladder = ["demo"]
+"""
+
+
+@pytest.fixture(scope="module")
+def up() -> Iterator[Sanctum]:
+    port = free_port()
+    s = Sanctum(CONFIG.format(port=port), port=port)
+    try:
+        s.wait_ready(("demo",))
+        yield s
+    except BaseException:
+        s.kill_everything()
+        raise
+    assert s.stop() == 0
+
+
+def test_a_full_queue_is_refused_with_retry_after(up: Sanctum) -> None:
+    client = openai.OpenAI(base_url=up.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    started = threading.Event()
+    long_text: list[str] = []
+
+    def long_request() -> None:
+        stream = client.completions.create(model="demo", prompt=snippet(600), max_tokens=400,
+                                           temperature=0.7, seed=1, stream=True)
+        for chunk in stream:
+            started.set()
+            long_text.append(chunk.choices[0].text if chunk.choices else "")
+
+    queued: list[int] = []
+
+    def queued_request() -> None:
+        status, _, _ = http("POST", up.url + "/v1/completions",
+                            {"model": "demo", "prompt": "def f(x):", "max_tokens": 4},
+                            timeout=300)
+        queued.append(status)
+
+    a = threading.Thread(target=long_request)
+    a.start()
+    assert started.wait(120)
+    b = threading.Thread(target=queued_request)
+    b.start()
+    time.sleep(1.0)  # b reaches the seat's queue (one place) behind the decoding request
+    refusals = []
+    for _ in range(4):  # more than the breaker's threshold
+        refusals.append(http("POST", up.url + "/v1/completions",
+                             {"model": "demo", "prompt": "x = 1", "max_tokens": 2}))
+    assert a.is_alive(), "the long request ended before the queue was tested"
+    for status, headers, body in refusals:
+        error = json.loads(body)["error"]
+        assert (status, error["code"], headers.get("Retry-After")) == (503, "overloaded", "1")
+        assert error["attempts"] == "demo=failed:queue_full"
+    counters = json.loads(http("GET", up.url + "/counters")[2])
+    assert counters["proxy"]["overloaded"] == 4
+    assert counters["proxy"]["circuits"]["demo"] == "closed"  # 4 > the threshold of 3
+    b.join(300)
+    a.join(300)
+    assert queued == [200] and "".join(long_text)
+    status, _, _ = http("POST", up.url + "/v1/completions",
+                        {"model": "demo", "prompt": "x = 1", "max_tokens": 2})
+    assert status == 200
