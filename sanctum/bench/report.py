@@ -42,7 +42,8 @@ SHOWN = {
     "rollback": ["round_s", "rollback_s"],
     "proxy": ["latency_p50_s", "latency_p99_s", "per_token_p50_s", "per_token_p99_s", "rps"],
 }
-GOALS = {"stack": 0.95, "mlx-server t=0": 1.0, "mlx-server t=0.7": 1.3}
+GOALS = {"stack": 0.95, "mlx-server t=0": 1.0, "mlx-server t=0.7": 1.3, "spec t=0": 1.4,
+         "spec t=0.7": 1.3}
 REGENERATE = "make bench"
 
 
@@ -93,6 +94,13 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
             what = "end-to-end speed" if fig == "e2e_s" else "decode tokens/s"
             out.append((f"{what}, all workloads", summarize(r),
                         GOALS.get(run.comparison) if fig == "e2e_s" else None))
+    if run.comparison == "spec":
+        for t in ("0", "0.7"):
+            r = [x for w in run.workloads if w.endswith(f"t={t}")
+                 for x in pair_ratios(run.samples, "decode_tps", arm, base, w)]
+            if r:
+                out.append((f"decode tokens/s over plain, t={t}", summarize(r),
+                            GOALS.get(f"spec t={t}")))
     if run.comparison == "spec" and MLX_SPEC in {a.name for a in run.arms}:
         for t in ("0", "0.7"):
             r = [x for w in run.workloads if w.endswith(f"t={t}")
