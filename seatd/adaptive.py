@@ -142,8 +142,3 @@ class RoundPolicy:
         for i in range(min(kept + 1, drafted)):
             self.tries[i] += 1
             self.hits[i] += i < kept
-
-    def ever_profitable(self) -> bool:
-        """Would any depth beat plain decoding if every draft were accepted?"""
-        plain = 1.0 / self.seconds[0]
-        return any((k + 1) / self.seconds[k] > plain for k in range(1, len(self.seconds)))

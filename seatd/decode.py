@@ -84,6 +84,7 @@ class DecodeResult:
     completion_tokens: int
     speculation: SpecReport = field(default_factory=SpecReport)
     cached_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)  # the completion's tokens, in order
 
 
 @dataclass
@@ -169,13 +170,17 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
         if policy is not None and wanted == 0:
             # Parked: a burst of pipelined plain tokens, then a probe round.
             n = min(PARK_TOKENS, budget - produced)
-            started = time.perf_counter()
-            for token in _plain(model, cache, y, params, keys, n):
+            burst = _plain(model, cache, y, params, keys, n)
+            spent = 0.0  # decoding time only, not the consumer's between tokens
+            for _ in range(n):
+                started = time.perf_counter()
+                token = next(burst)
+                spent += time.perf_counter() - started
                 drafter.plain(token)
                 produced += 1
                 y = token
                 yield token
-            observe(spec.stats, 0, 0, (time.perf_counter() - started) / n)
+            observe(spec.stats, 0, 0, spent / n)
             if produced >= budget:
                 return
             wanted = min(spec.depth, policy.best(lowest=1))
@@ -213,7 +218,9 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
         kept, token = int(n_arr.item()), int(t_arr.item())
         drafted = draft.k
         tokens = draft.tokens.tolist()
-        mlx_cache.trim_prompt_cache(cache, drafted - kept)
+        if mlx_cache.trim_prompt_cache(cache, drafted - kept) != drafted - kept:
+            # Rejected drafts would stay in the cache: never answer from a wrong state.
+            raise RuntimeError(f"rollback of {drafted - kept} tokens failed")
         drafter.settle(kept, drafted, token, tokens)
         observe(spec.stats, drafted, kept, time.perf_counter() - started)
         if policy is not None:
@@ -300,11 +307,13 @@ def decode(
     finish = "length"
     cut = False
     started = time.perf_counter()
+    ids: list[int] = []
     for token in source:
         if token in eos:
             finish = "stop"
             break
         produced += 1
+        ids.append(token)
         if on_token is not None:
             on_token(produced)
         detok.add_token(token)
@@ -329,4 +338,4 @@ def decode(
     if spec is not None and report.state == "declined:not_profitable" and produced:
         # Plain decoding's own speed is what speculation has to beat.
         observe(spec.stats, 0, 0, (time.perf_counter() - started) / produced)
-    return DecodeResult("".join(pieces), finish, n_prompt, produced, report, cached)
+    return DecodeResult("".join(pieces), finish, n_prompt, produced, report, cached, ids)

@@ -30,7 +30,7 @@ def leaks(model: Any, cache: list[Any], tokens: Sequence[int]) -> list[str]:
         def watched(self: Any, x: mx.array, *args: Any, _i: int = i, _cls: type = cls,
                     **kwargs: Any) -> mx.array:
             out = _cls.__call__(self, x, *args, **kwargs)
-            if out.dtype != x.dtype:
+            if isinstance(out, mx.array) and out.dtype != x.dtype:
                 found.append(f"layer {_i} ({_cls.__name__}): {x.dtype} in, {out.dtype} out")
             return out
 
@@ -41,7 +41,7 @@ def leaks(model: Any, cache: list[Any], tokens: Sequence[int]) -> list[str]:
     finally:
         for layer, cls in zip(model.layers, originals, strict=True):
             layer.__class__ = cls
-    for i, (layer, c) in enumerate(zip(model.layers, cache, strict=True)):
+    for i, (layer, c) in enumerate(zip(model.layers, cache, strict=False)):
         if not hasattr(layer, "linear_attn") or not isinstance(c, mlx_cache.ArraysCache):
             continue  # only gated-delta layers have a float32 reference state
         if c.cache[1] is not None:

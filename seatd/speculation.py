@@ -95,8 +95,6 @@ class SeatSpeculation:
             policy = RoundPolicy.from_stats(self.stats)
             if policy is not None and depth > 0:
                 depth = self.stats.max_depth  # the policy picks each round's depth
-            if policy is not None and not policy.ever_profitable():
-                depth = 0
         if depth == 0:
             return Speculation(None, 0, self.stats, "not_profitable")
         drafter = ModelDrafter(self.drafter_model) if self.kind == "model" else LookupDrafter()

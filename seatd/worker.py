@@ -90,8 +90,7 @@ class SeatWorker:
         self.state_dir = state_dir(config)
         self.counters = SeatCounters(seat.name, self.state_dir / f"counters-{seat.name}.json")
         self.loaded: Loaded | None = None
-        # 0 would mean unbounded to asyncio: at least the request being taken off it.
-        self.queue: asyncio.Queue[Job] = asyncio.Queue(max(1, seat.max_queued))
+        self.queue: asyncio.Queue[Job] = asyncio.Queue(seat.max_queued)
         self.cancelled: set[str] = set()
         self.current: str | None = None
         self.tokens_generated = 0

@@ -104,7 +104,7 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prompt_cache_mb: Annotated[int, msgspec.Meta(ge=0)] = 512
     # local (mlx) seats: requests waiting behind the one being decoded; one more is
     # refused at once (the proxy tries the next rung, or answers 503 with Retry-After).
-    max_queued: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 64
+    max_queued: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
 
 
 class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

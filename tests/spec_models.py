@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from shared.builtin import resolve_model
 
@@ -26,3 +28,21 @@ def snippet(chars: int = 1200) -> str:
     return ("def merge(a, b):\n    out = []\n    i = j = 0\n    while i < len(a) and j < len(b):\n"
             "        if a[i] <= b[j]:\n            out.append(a[i])\n            i += 1\n"
             "        else:\n            out.append(b[j])\n            j += 1\n    return out\n") * 4
+
+
+def greedy_consistent(model: Any, prompt: Sequence[int], out: Sequence[int],
+                      tol: float = 1e-3) -> list[int]:
+    """Positions of `out` (a t=0 answer to `prompt`) that are not the target's argmax,
+    within `tol`, when the whole sequence is scored in one forward: a decode path that
+    let the model see a wrong context shows up here, rounding between batch shapes does
+    not."""
+    import mlx.core as mx
+
+    from seatd.decode import make_cache
+
+    ids = [*prompt, *out]
+    logits = model(mx.array(ids[:-1], dtype=mx.uint32)[None], cache=make_cache(model, "fp16"))
+    rows = logits[0, len(prompt) - 1 :].astype(mx.float32)
+    best = rows.max(axis=-1)
+    got = mx.take_along_axis(rows, mx.array(list(out))[:, None], axis=-1)[:, 0]
+    return [i for i, bad in enumerate((best - got > tol).tolist()) if bad]

@@ -25,6 +25,7 @@ from seatd.speculation import SeatSpeculation
 from shared.builtin import resolve_model
 from shared.config import parse_config
 from shared.protocol import Generate, SamplingParams
+from tests.spec_models import greedy_consistent
 
 VOCAB = 8192  # the demo tokenizer's, so decode() can run on these models
 
@@ -225,4 +226,6 @@ def test_speculative_decode_on_a_hybrid_streams_what_it_syncs(model, kv: str,
     assert sync.speculation.state == "accelerated"
     assert sync.speculation.drafts > 0
     assert joined == streamed.text == sync.text
+    if temperature == 0:  # every rollback left the target the right context
+        assert greedy_consistent(model, ids, sync.token_ids) == []
     assert streamed.speculation.accepted_per_position == sync.speculation.accepted_per_position

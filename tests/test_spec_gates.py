@@ -25,7 +25,7 @@ from seatd.verify import draft_probs, verify_sampled
 from shared.builtin import resolve_model
 from shared.config import parse_config
 from shared.protocol import Generate, SamplingParams
-from tests.spec_models import drafter_dir, snippet, target_dir
+from tests.spec_models import drafter_dir, greedy_consistent, snippet, target_dir
 
 pytestmark = pytest.mark.slow
 
@@ -350,9 +350,13 @@ def test_round_policy_parks_a_useless_drafter_and_drafts_deep_with_a_good_one(
 
     bad, bad_stream = run(useless, False), run(useless, True)
     assert bad.text == bad_stream.text
+    if temperature == 0:  # the parked bursts and probes fed the target the right context
+        assert greedy_consistent(target, ids[:200], bad.token_ids) == []
     assert bad.speculation.drafts <= 3 + bad.completion_tokens // PARK_TOKENS
     assert bad.speculation.accepted_tokens <= 2
     good, good_stream = run(drafter, False), run(drafter, True)
     assert good.text == good_stream.text
+    if temperature == 0:
+        assert greedy_consistent(target, ids[:200], good.token_ids) == []
     assert good.speculation.state == "accelerated"
     assert good.speculation.draft_tokens / good.speculation.drafts >= 3
