@@ -310,6 +310,8 @@ def _not_measurable(comparison: str, title: str, why: str, model: str) -> Run:
 
 
 SPEC_WORKLOADS = ("code-short", "doc2body", "rename", "prose")
+PINNED = 3  # the fixed depth an adaptive run is also measured against
+PINNED_ARM = f"speculative d{PINNED}"
 
 
 def spec(opts: Options) -> Run:
@@ -341,20 +343,26 @@ def spec(opts: Options) -> Run:
     depth_line = f"draft_depth = {depth}\n" if depth is not None else ""
     theirs_depth = depth if depth is not None else 4
     port = servers.free_port()
-    config = servers.sanctum_config(port, [
-        ("spec", str(path), cap + 64, extra + depth_line + "speculation = true\n"),
-        ("plain", str(path), cap + 64, extra + "speculation = false\n")])
+    seats = [("spec", str(path), cap + 64, extra + depth_line + "speculation = true\n"),
+             ("plain", str(path), cap + 64, extra + "speculation = false\n")]
+    if depth is None:  # adaptive: also against the same seat pinned at depth 3
+        seats.append(("spec-d3", str(path), cap + 64,
+                      extra + f"draft_depth = {PINNED}\nspeculation = true\n"))
+    config = servers.sanctum_config(port, seats)
     mlx_spec = A.InProcessSpecArm(path, drafter, theirs_depth, 0.0, opts.tokens, by_name)
     refused = []
     if not mlx_spec.supported():
         refused = ["mlx-lm's speculative_generate_step refuses this model (its prompt cache "
                    "cannot be trimmed: recurrent layers), so only our two arms run."]
     ours_depth = f"draft_depth = {depth}" if depth is not None else "adaptive draft depth"
-    with servers.sanctum_up(config, ("spec", "plain"), port) as url:
+    with servers.sanctum_up(config, tuple(name for name, *_ in seats), port) as url:
         arms = {"speculative": (f"our seat with the drafter, speculation on, {ours_depth}",
                                 A.SeatSpecArm(url, "spec", 0.0, opts.tokens, by_name)),
                 "plain": ("our seat, same config, speculation off",
                           A.OpenAIArm(url, "plain", 0.0, opts.tokens, by_name))}
+        if depth is None:
+            arms[PINNED_ARM] = (f"the same seat with draft_depth = {PINNED}",
+                                A.SeatSpecArm(url, "spec-d3", 0.0, opts.tokens, by_name))
         if not refused:
             arms["mlx-lm speculative"] = (
                 "mlx-lm speculative_generate_step in the benchmark process, same pair "

@@ -101,6 +101,13 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
             if r:
                 out.append((f"decode tokens/s over plain, t={t}", summarize(r),
                             GOALS.get(f"spec t={t}")))
+    if run.comparison == "spec" and PINNED_ARM in {a.name for a in run.arms}:
+        for t in ("0", "0.7"):
+            r = [x for w in run.workloads if w.endswith(f"t={t}")
+                 for x in pair_ratios(run.samples, "decode_tps", arm, PINNED_ARM, w)]
+            if r:
+                out.append((f"decode tokens/s, adaptive over {PINNED_ARM}, t={t}",
+                            summarize(r), None))
     if run.comparison == "spec" and MLX_SPEC in {a.name for a in run.arms}:
         for t in ("0", "0.7"):
             r = [x for w in run.workloads if w.endswith(f"t={t}")
@@ -184,6 +191,7 @@ def _added(run: Run) -> list[str]:
 
 
 MLX_SPEC = "mlx-lm speculative"
+PINNED_ARM = "speculative d3"  # an adaptive run's pinned-depth arm (comparisons.PINNED)
 
 
 def spec_against_mlx(run: Run) -> list[str]:
