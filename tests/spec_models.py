@@ -46,3 +46,23 @@ def greedy_consistent(model: Any, prompt: Sequence[int], out: Sequence[int],
     best = rows.max(axis=-1)
     got = mx.take_along_axis(rows, mx.array(list(out))[:, None], axis=-1)[:, 0]
     return [i for i, bad in enumerate((best - got > tol).tolist()) if bad]
+
+
+def lookup_plan_declines(model: Any) -> list[str | None]:
+    """The decline reasons a lookup-drafter seat on `model` gives on the fp16 and q8 lanes."""
+    from seatd.speculation import SeatSpeculation
+    from shared.config import parse_config
+    from shared.protocol import Generate, SamplingParams
+
+    config = parse_config("""
+[[seat]]
+name = "s"
+model = "unused"
+drafter = { kind = "lookup" }
+[[route]]
+model = "s"
+ladder = ["s"]
+""")
+    spec = SeatSpeculation(config, config.seat[0], model, "h")
+    return [spec.plan(Generate("r", False, SamplingParams()), kv).decline  # type: ignore[union-attr]
+            for kv in ("fp16", "q8")]

@@ -25,7 +25,13 @@ from seatd.verify import draft_probs, verify_sampled
 from shared.builtin import resolve_model
 from shared.config import parse_config
 from shared.protocol import Generate, SamplingParams
-from tests.spec_models import drafter_dir, greedy_consistent, snippet, target_dir
+from tests.spec_models import (
+    drafter_dir,
+    greedy_consistent,
+    lookup_plan_declines,
+    snippet,
+    target_dir,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -298,20 +304,7 @@ def test_non_rollbackable_cache_declines() -> None:
     args = mamba.ModelArgs(model_type="mamba", vocab_size=64, hidden_size=32,
                            intermediate_size=64, state_size=4, num_hidden_layers=2,
                            conv_kernel=3, use_bias=False, use_conv_bias=True, time_step_rank=4)
-    model = mamba.Model(args)
-    config = parse_config("""
-[[seat]]
-name = "s"
-model = "unused"
-drafter = { kind = "lookup" }
-[[route]]
-model = "s"
-ladder = ["s"]
-""")
-    spec = SeatSpeculation(config, config.seat[0], model, "h")
-    for kv in ("fp16", "q8"):
-        assert spec.plan(Generate("r", False, SamplingParams()), kv).decline == \
-            "cache_not_rollbackable"
+    assert lookup_plan_declines(mamba.Model(args)) == ["cache_not_rollbackable"] * 2
 
 
 def _policy() -> Any:

@@ -75,13 +75,8 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
             out.append(("requests/s, proxy over direct", summarize(r), None))
         return out
     if run.comparison == "mlx-server":
-        for t in ("0", "0.7"):
-            r = [x for w in run.workloads if w.endswith(f"t={t}")
-                 for x in pair_ratios(run.samples, "e2e_s", arm, base, w)]
-            if r:
-                out.append((f"end-to-end speed, t={t}, all workloads", summarize(r),
-                            GOALS.get(f"mlx-server t={t}")))
-        return out
+        return _per_temperature(run, "e2e_s", arm, base, "end-to-end speed, t={t}, all workloads",
+                                "mlx-server")
     if run.comparison == "rollback":
         r = pair_ratios(run.samples, "round_s", arm, base)
         if r:
@@ -95,26 +90,28 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
             out.append((f"{what}, all workloads", summarize(r),
                         GOALS.get(run.comparison) if fig == "e2e_s" else None))
     if run.comparison == "spec":
-        for t in ("0", "0.7"):
-            r = [x for w in run.workloads if w.endswith(f"t={t}")
-                 for x in pair_ratios(run.samples, "decode_tps", arm, base, w)]
-            if r:
-                out.append((f"decode tokens/s over plain, t={t}", summarize(r),
-                            GOALS.get(f"spec t={t}")))
-    if run.comparison == "spec" and PINNED_ARM in {a.name for a in run.arms}:
-        for t in ("0", "0.7"):
-            r = [x for w in run.workloads if w.endswith(f"t={t}")
-                 for x in pair_ratios(run.samples, "decode_tps", arm, PINNED_ARM, w)]
-            if r:
-                out.append((f"decode tokens/s, adaptive over {PINNED_ARM}, t={t}",
-                            summarize(r), None))
-    if run.comparison == "spec" and MLX_SPEC in {a.name for a in run.arms}:
-        for t in ("0", "0.7"):
-            r = [x for w in run.workloads if w.endswith(f"t={t}")
-                 for x in pair_ratios(run.samples, "decode_tps", arm, MLX_SPEC, w)]
-            if r:
-                out.append((f"decode tokens/s, ours over mlx-lm speculative, t={t}",
-                            summarize(r), None))
+        names = {a.name for a in run.arms}
+        out += _per_temperature(run, "decode_tps", arm, base,
+                                "decode tokens/s over plain, t={t}", "spec")
+        if PINNED_ARM in names:
+            out += _per_temperature(run, "decode_tps", arm, PINNED_ARM,
+                                    f"decode tokens/s, adaptive over {PINNED_ARM}, t={{t}}")
+        if MLX_SPEC in names:
+            out += _per_temperature(run, "decode_tps", arm, MLX_SPEC,
+                                    "decode tokens/s, ours over mlx-lm speculative, t={t}")
+    return out
+
+
+def _per_temperature(run: Run, fig: str, arm: str, other: str, what: str,
+                     goals: str | None = None) -> list[tuple[str, Summary, float | None]]:
+    """One headline row per temperature (workloads named '... t=T'), all its pairs pooled."""
+    out: list[tuple[str, Summary, float | None]] = []
+    for t in ("0", "0.7"):
+        r = [x for w in run.workloads if w.endswith(f"t={t}")
+             for x in pair_ratios(run.samples, fig, arm, other, w)]
+        if r:
+            out.append((what.format(t=t), summarize(r),
+                        GOALS.get(f"{goals} t={t}") if goals else None))
     return out
 
 
