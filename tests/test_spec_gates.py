@@ -68,22 +68,24 @@ def _logits(model: Any, ids: list[int]) -> mx.array:
     return model(mx.array(ids, dtype=mx.uint32)[None], cache=cache)[0]  # (T, V)
 
 
-def _emitted(p_logits: mx.array, q_logits: mx.array | None, params: SamplingParams,
-             seed: int, fixed_draft: int | None = None) -> np.ndarray:
-    """First token emitted by one verify round of depth 1, over many trials."""
-    vocab = p_logits.shape[-1]
+def _emitted(p1: mx.array, q1: mx.array | None, seed: int,
+             fixed_draft: int | None = None) -> np.ndarray:
+    """First token emitted by one verify round of depth 1, over many trials.
+
+    p1, q1: filtered target and draft probabilities over one set of tokens (a vocabulary
+    cut to where either is non-zero: the verifier never looks at zero columns, and the
+    trials run an order of magnitude faster)."""
+    vocab = p1.shape[-1]
     counts = np.zeros(vocab, dtype=np.int64)
-    p1 = draft_probs(p_logits[None, :], params)
-    target = mx.broadcast_to(p1[None], (BATCH, 2, vocab))
-    q1 = draft_probs(q_logits[None, :], params) if q_logits is not None else None
+    target = mx.broadcast_to(p1[None, None], (BATCH, 2, vocab))
     for i in range(TRIALS // BATCH):
         key_d, key_v = mx.random.split(mx.random.key(seed * 1000 + i))
         if q1 is None:
             drafts = mx.full((BATCH, 1), fixed_draft, dtype=mx.uint32)
             q = None
         else:
-            drafts = mx.random.categorical(mx.log(q1), num_samples=BATCH, key=key_d).T
-            q = mx.broadcast_to(q1[None], (BATCH, 1, vocab))
+            drafts = mx.random.categorical(mx.log(q1), num_samples=BATCH, key=key_d)[:, None]
+            q = mx.broadcast_to(q1[None, None], (BATCH, 1, vocab))
         n, token = verify_sampled(target, drafts, q, key_v)
         first = mx.where(n > 0, drafts[:, 0], token)
         counts += np.bincount(np.array(first), minlength=vocab)
@@ -128,23 +130,28 @@ def _distribution_gate(target: Any, drafter: Any, _tok: Any, ids: list[int],
     params = SamplingParams(temperature=temperature, top_p=0.95)
     p_all, q_all = _logits(target, ids), _logits(drafter, ids)
     pos_a, pos_b = _spread_positions(p_all, params)
-    p_a, p_b, q_a = p_all[pos_a], p_all[pos_b], q_all[pos_a]
-    probs_a = np.array(draft_probs(p_a[None], params)[0], dtype=np.float64)
+    p_a, p_b, q_a = (draft_probs(row[None], params)[0]
+                     for row in (p_all[pos_a], p_all[pos_b], q_all[pos_a]))
+    support = np.nonzero(np.array((p_a + p_b + q_a) > 0))[0]
+    cut = mx.array(support)
+    p_a, p_b, q_a = p_a[cut], p_b[cut], q_a[cut]
+    probs_a = np.array(p_a, dtype=np.float64)
 
-    counts = _emitted(p_a, q_a, params, seed=11)
+    counts = _emitted(p_a, q_a, seed=11)
     stat, df = chi_square(counts, probs_a, TRIALS)
     crit = chi2_critical(df)
-    print(f"T={temperature}: chi2={stat:.1f} df={df} critical(0.001)={crit:.1f}")
+    print(f"T={temperature}: chi2={stat:.1f} df={df} critical(0.001)={crit:.1f}"
+          f" ({len(support)} tokens with p or q above 0)")
     assert stat < crit
 
     # Lookup drafter: one-hot proposal of q's favourite token.
-    onehot = _emitted(p_a, None, params, seed=12, fixed_draft=int(mx.argmax(q_a).item()))
+    onehot = _emitted(p_a, None, seed=12, fixed_draft=int(mx.argmax(q_a).item()))
     stat1, df1 = chi_square(onehot, probs_a, TRIALS)
     print(f"T={temperature} one-hot: chi2={stat1:.1f} df={df1} critical={chi2_critical(df1):.1f}")
     assert stat1 < chi2_critical(df1)
 
     # Sabotage: proposals from position A verified against position B's target.
-    sabotaged = _emitted(p_b, q_a, params, seed=13)
+    sabotaged = _emitted(p_b, q_a, seed=13)
     stat2, df2 = chi_square(sabotaged, probs_a, TRIALS)
     print(f"T={temperature} sabotage: chi2={stat2:.1f} df={df2} critical={chi2_critical(df2):.1f}")
     assert stat2 > chi2_critical(df2)
