@@ -91,14 +91,17 @@ class DecodeResult:
 class Resume:
     """Where prefill starts, and where it hands its cache to the prompt cache.
 
-    `cache` holds the prompt's first `start` tokens (a grid position); None = cold.
-    When prefill reaches `keep_at` (a grid position), it calls `keep(cache)`.
+    `cache` holds the prompt's first `start` tokens (a chunk boundary); None = cold.
+    When prefill reaches `keep_at` (a chunk boundary), it calls `keep(cache)`.
+    Chunk boundaries are the multiples of PREFILL_CHUNK and, for caches that resume
+    only at an exact length, the `cuts` (turn boundaries, `seatd.turns`).
     """
 
     cache: list[Any] | None = None
     start: int = 0
     keep_at: int = 0
     keep: Callable[[list[Any]], None] | None = None
+    cuts: tuple[int, ...] = ()
 
 
 def _kv_group_size(model: Any) -> int:
@@ -127,10 +130,13 @@ def make_cache(model: Any, kv: str) -> list[Any]:
 
 def prefill(model: Any, cache: list[Any], prompt: mx.array, upto: int,
             cancelled: Callable[[], bool], resume: Resume | None = None) -> None:
-    """Feed prompt[start:upto] in grid chunks; between chunks the worker can see a cancel."""
+    """Feed prompt[start:upto] in chunks ending on the grid or a cut; between chunks the
+    worker can see a cancel."""
     done = resume.start if resume is not None else 0
+    cuts = resume.cuts if resume is not None else ()
     while done < upto:
-        n = min(PREFILL_CHUNK - done % PREFILL_CHUNK, upto - done)
+        n = min(PREFILL_CHUNK - done % PREFILL_CHUNK, upto - done,
+                *(c - done for c in cuts if c > done))
         model(prompt[None, done : done + n], cache=cache)
         mx.eval([c.state for c in cache])
         done += n
@@ -258,7 +264,8 @@ def decode(
         cache = resume.cache
     else:
         cache = make_cache(model, kv)
-        resume = Resume(None, 0, resume.keep_at, resume.keep) if resume is not None else None
+        resume = (Resume(None, 0, resume.keep_at, resume.keep, resume.cuts)
+                  if resume is not None else None)
     cached = resume.start if resume is not None else 0
     prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
     n_prompt = len(prompt_ids)

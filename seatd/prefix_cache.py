@@ -104,12 +104,14 @@ class PrefixCache:
         for e in self.entries:
             if e.namespace != namespace:
                 continue
-            shared = self._down(min(common_prefix(e.tokens, tokens), limit, len(e.tokens)))
+            common = min(common_prefix(e.tokens, tokens), limit, len(e.tokens))
+            shared = self._down(common)
             could = max(could, shared)
             if e.trimmable:
                 reuse = shared
-            else:
-                reuse = len(e.tokens) if shared == len(e.tokens) else 0
+            else:  # exact length only, aligned or at a turn boundary
+                reuse = len(e.tokens) if common == len(e.tokens) else 0
+                could = max(could, reuse)
             if reuse > best_reuse or (reuse == best_reuse and reuse and best is not None
                                       and len(e.tokens) < len(best.tokens)):
                 best, best_reuse = e, reuse

@@ -8,7 +8,10 @@ Per request, on the MLX thread:
 
 What is stored is the KV of the prompt up to its last prefill-grid position
 (`PREFILL_CHUNK`): exactly what a cold request computes in the same chunks, so a
-warm answer equals a cold one byte for byte.  Generated tokens are not stored:
+warm answer equals a cold one byte for byte.  State that resumes only at its exact
+length (a hybrid model's recurrent layers) is kept at the prompt's last turn boundary
+instead, when that is later (`seatd.turns`): where the conversation's next turn will
+resume, with prefill cut there warm or cold.  Generated tokens are not stored:
 they were computed one step (or one verify block) at a time, which a later cold
 prefill would not reproduce bit for bit.  The drafter's cache is rebuilt from the
 prompt by `ModelDrafter.start`, so it is never wrong.
@@ -119,12 +122,17 @@ class SeatPromptCache:
             self._per_step[kv] = (_nbytes([c.state for c in cache]), trimmable(cache))
         return self._per_step[kv]
 
-    def begin(self, request: Generate, kv: str, prompt: list[int], max_new: int) -> Plan:
+    def begin(self, request: Generate, kv: str, prompt: list[int], max_new: int,
+              cuts: tuple[int, ...] = ()) -> Plan:
+        """`cuts`: the prompt's turn boundaries (`seatd.turns`); state that resumes only at
+        an exact length is also cut and kept there, at the last one prefill reaches."""
         if not self.enabled(request) or len(prompt) < 2:
             return Plan()
         per_step, can_trim = self._measure(kv)
         tokens = tuple(prompt)
         keep_at = (len(prompt) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
+        cuts = () if can_trim else tuple(c for c in cuts if c <= len(prompt) - 1)
+        keep_at = max(keep_at, *cuts) if cuts else keep_at
         plan = Plan(namespace=kv, tokens=tokens[:keep_at], trimmable=can_trim)
         hit = self.policy.lookup(kv, tokens, len(prompt) - 1)
         steps = -(-(len(prompt) + max_new) // 256)
@@ -145,7 +153,7 @@ class SeatPromptCache:
 
         wants = keep_at > hit.reuse
         plan.resume = Resume(cache, hit.reuse if cache is not None else 0,
-                             keep_at if wants else 0, keep if wants else None)
+                             keep_at if wants else 0, keep if wants else None, cuts)
         return plan
 
     def finish(self, plan: Plan, ok: bool) -> None:

@@ -30,6 +30,7 @@ from seatd.counters import SeatCounters
 from seatd.decode import DecodeCancelled, DecodeResult, decode
 from seatd.prompt_cache import SeatPromptCache
 from seatd.speculation import SeatSpeculation
+from seatd.turns import turn_cuts, turn_marks
 from shared import exitcodes, lifecycle, protocol
 from shared.caps import default_seat_cap, seat_refusal
 from shared.config import (
@@ -81,6 +82,7 @@ class Loaded:
     cap: int
     speculation: SeatSpeculation
     prompt_cache: SeatPromptCache
+    turn_marks: frozenset[int] = frozenset()
 
 
 class SeatWorker:
@@ -190,7 +192,7 @@ class SeatWorker:
         cap = self.seat.max_prompt_tokens or default_seat_cap(got.context_length)
         spec = SeatSpeculation(self.config, self.seat, got.model, got.tokenizer_hash)
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,
-                      spec, SeatPromptCache(self.seat, got.model))
+                      spec, SeatPromptCache(self.seat, got.model), turn_marks(got.tokenizer))
 
     def tokenize(self, request: Generate) -> list[int]:
         assert self.loaded is not None
@@ -225,7 +227,8 @@ class SeatWorker:
             self.tokens_generated += 1
 
         kv = request.kv or self.seat.kv
-        plan = loaded.prompt_cache.begin(request, kv, prompt, request.params.max_tokens)
+        plan = loaded.prompt_cache.begin(request, kv, prompt, request.params.max_tokens,
+                                         turn_cuts(prompt, loaded.turn_marks))
         try:
             result = decode(
                 self.loaded.model, self.loaded.tokenizer, prompt, request.params,

@@ -128,3 +128,14 @@ def test_invalidation_drops_the_entry() -> None:
     c.invalidate(e)  # twice is harmless
     assert not c.entries
     assert c.drain().discarded == {"invalidated": 5}
+
+
+def test_exact_length_entries_resume_off_the_grid() -> None:
+    """A non-trimmable entry kept at a turn boundary (not a multiple of the alignment)
+    serves a prompt that extends it, at exactly its length, and nothing shorter."""
+    pc = PrefixCache(1_000_000, align=512)
+    turn1 = tuple(range(1, 101))
+    pc.insert("fp16", turn1, 10, False, "state@100")
+    hit = pc.lookup("fp16", (*turn1, 7, 8, 9), 102)
+    assert (hit.entry is not None, hit.reuse) == (True, 100)
+    assert pc.lookup("fp16", turn1[:60] + (5,) * 50, 109).reuse == 0

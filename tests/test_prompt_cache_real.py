@@ -37,11 +37,11 @@ def pair() -> Iterator[tuple[Any, Any, Any, list[int]]]:
 
 
 def _run(pair: Any, cache: SeatPromptCache | None, prompt: list[int], kv: str, temp: float,
-         spec: bool, use_cache: bool = True) -> DecodeResult:
+         spec: bool, use_cache: bool = True, cuts: tuple[int, ...] = ()) -> DecodeResult:
     target, drafter, tok, _ = pair
     params = SamplingParams(temperature=temp, max_tokens=MAX_NEW, seed=7)
     request = Generate("r", False, params, prompt_cache=use_cache)
-    plan = cache.begin(request, kv, prompt, MAX_NEW) if cache is not None else None
+    plan = cache.begin(request, kv, prompt, MAX_NEW, cuts) if cache is not None else None
     sp = Speculation(ModelDrafter(drafter), 3, DepthStats()) if spec else None
     try:
         result = decode(target, tok, prompt, params, kv=kv, context_length=2048, spec=sp,
@@ -207,6 +207,41 @@ def test_hybrid_demo_reuses_prompts_at_exact_length_while_speculating(pair, kv: 
     other = ids[:800] + [(t + 1) % 8000 for t in ids[800:820]]
     assert _run(hybrid, cache, other, kv, 0.0, False).cached_tokens == 0
     assert cache.drain().discarded == {"not_trimmable": PREFILL_CHUNK}
+
+
+def test_hybrid_chat_resumes_at_turn_boundaries(pair) -> None:
+    """A short chat on the hybrid demo (every prompt under one prefill chunk): each turn
+    resumes exactly where the previous turn's prompt opened the assistant's message, and,
+    speculating, answers exactly as a cold request does."""
+    from seatd.turns import turn_cuts, turn_marks
+    from shared.builtin import resolve_model
+
+    _, drafter, _, _ = pair
+    loaded = load_for_compute(resolve_model("builtin:demo-hybrid"))
+    tok = loaded.tokenizer
+    hybrid = (loaded.model, drafter, tok, [])
+    marks = turn_marks(tok)
+    assert marks
+    cache = SeatPromptCache(_seat(), loaded.model)
+    messages: list[dict[str, str]] = []
+    asks = ["Write a function that adds two numbers.", "Now make it add three.",
+            "Add a docstring to it."]
+    previous_open = 0
+    for turn, ask in enumerate(asks):
+        messages.append({"role": "user", "content": ask})
+        prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True))
+        assert len(prompt) < PREFILL_CHUNK
+        cuts = turn_cuts(prompt, marks)
+        for temp in (0.0, 0.7):
+            warm = _run(hybrid, cache, prompt, "fp16", temp, True, cuts=cuts)
+            cold = _run(hybrid, SeatPromptCache(_seat(), loaded.model), prompt, "fp16", temp,
+                        True, cuts=cuts)
+            assert (warm.text, warm.completion_tokens) == (cold.text, cold.completion_tokens)
+            if temp == 0.0:
+                assert warm.cached_tokens == previous_open, turn
+        previous_open = cuts[-1]  # the generation prompt's <|im_start|>
+        messages.append({"role": "assistant", "content": f"def add(*xs):\n    return {turn}"})
+    assert previous_open > 0
 
 
 def test_an_error_during_generation_drops_the_entry_it_used(pair) -> None:
