@@ -105,14 +105,22 @@ def test_hung_worker_is_lost_by_heartbeat(make_rig) -> None:
 
 
 def test_silent_seat_times_out_and_is_cancelled_before_next_rung(make_rig) -> None:
-    """A seat alive but silent hits the first-token timeout; it is cancelled first."""
-    rig = make_rig(modes={"brain": "silent", "coder": "ok"})
+    """A seat alive but silent hits the first-token timeout; it is cancelled while the
+    next rung is still generating, not left working beside it.
+
+    The proxy sends the cancel before the next rung's request, but the two seats are
+    separate processes reading their own sockets, so which of them logs first can differ
+    by a fraction of a millisecond. The next rung here takes 50 ms a token, so the
+    cancel must reach the silent seat well before that rung's answer is done.
+    """
+    rig = make_rig(modes={"brain": "silent", "coder": "slow"})
     code, headers, body = chat(rig)
     assert code == 200
     assert headers["X-Sanctum-Attempts"] == "brain=failed:first_token_timeout; coder=ok"
     cancel = rig.events("brain", "cancel")
-    generate = rig.events("coder", "generate")
-    assert cancel and generate and cancel[0]["t"] <= generate[0]["t"]
+    final = rig.events("coder", "final")
+    assert cancel and final and cancel[0]["t"] < final[0]["t"]
+    assert cancel[0]["request_id"] == final[0]["request_id"]
 
 
 def test_stall_after_first_token(make_rig) -> None:
