@@ -441,7 +441,8 @@ async def health(request: web.Request) -> web.Response:
         pong = c.pong
         seats[name] = {"ready": c.ready, "alive": c.alive, "busy": bool(pong and pong.busy),
                        "incarnation": pong.incarnation if pong else None,
-                       "pid": pong.pid if pong else None}
+                       "pid": pong.pid if pong else None,
+                       "queued": pong.queued if pong else 0}
     ready = any(s["ready"] for s in seats.values())
     return web.json_response({"status": "ok" if ready else "degraded", "seats": seats})
 

@@ -127,6 +127,7 @@ class SeatWorker:
             tokenizer_hash=loaded.tokenizer_hash if loaded else "",
             in_flight=(self.current,) if self.current else (),
             tokens_generated=self.tokens_generated,
+            queued=self.queue.qsize(),
         )
 
     def final(self, job: Job, outcome: Outcome, **fields: Any) -> Final:

@@ -130,6 +130,7 @@ class Pong(msgspec.Struct, frozen=True, tag="pong"):
     tokenizer_hash: str = ""
     in_flight: tuple[str, ...] = ()
     tokens_generated: int = 0
+    queued: int = 0  # requests waiting behind the one in flight
 
 
 class Chunk(msgspec.Struct, frozen=True, tag="chunk"):

@@ -76,7 +76,11 @@ def test_a_full_queue_is_refused_with_retry_after(up: Sanctum) -> None:
     assert started.wait(120)
     b = threading.Thread(target=queued_request)
     b.start()
-    time.sleep(1.0)  # b reaches the seat's queue (one place) behind the decoding request
+    # b takes the seat's one queue place behind the decoding request.
+    deadline = time.monotonic() + 60
+    while up.health()["seats"]["demo"]["queued"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert up.health()["seats"]["demo"]["queued"] == 1
     refusals = []
     for _ in range(4):  # more than the breaker's threshold
         refusals.append(http("POST", up.url + "/v1/completions",
