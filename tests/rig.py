@@ -28,7 +28,9 @@ breaker_cooldown_s = {cooldown}
 name = "brain"
 model = "unused"
 first_token_timeout_s = 1.5
-stall_timeout_s = 1.0
+# Well past the liveness window (0.6 s), so a seat that dies mid-stream is always
+# found lost by its heartbeat before its stream counts as stalled.
+stall_timeout_s = 2.0
 
 [[seat]]
 name = "coder"
@@ -99,6 +101,10 @@ class Rig:
             env=self.env)
         self.fakes[name] = proc
         self.pids.add(proc.pid)
+        if getattr(self, "proxy", None) is not None and mode != "not_ready":
+            # Until the new process answers a ping, health still shows the old one's pong.
+            self.wait_health(lambda h: h["seats"][name]["pid"] == proc.pid
+                             and h["seats"][name]["ready"])
 
     def events(self, name: str, kind: str | None = None) -> list[dict[str, Any]]:
         path = self.dir / f"{name}.jsonl"
@@ -133,7 +139,9 @@ class Rig:
                 p.send_signal(signal.SIGTERM)
         for p in procs:
             try:
-                p.wait(15)
+                # A fake leaves its loop within 0.1 s of SIGTERM unless it plays a hung
+                # worker, which only SIGKILL ends.
+                p.wait(15 if p is self.proxy else 3)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

@@ -34,7 +34,8 @@ def test_stack_comparison_runs_interleaved_and_reports(tmp_path: Path) -> None:
     out, doc = tmp_path / "results", tmp_path / "docs" / "BENCHMARKS.md"
     run = subprocess.run(
         [sys.executable, "-m", "sanctum.cli", "bench", "run", "stack", "--model", model,
-         "--rounds", "2", "--tokens", "32", "--out", str(out), "--doc", str(doc), "--report"],
+         "--rounds", "2", "--tokens", "32", "--workloads", "code-short,doc2body",
+         "--out", str(out), "--doc", str(doc), "--report"],
         capture_output=True, text=True, timeout=280)
     assert run.returncode == 0, run.stderr[-3000:]
     result = load_run(out / "stack.json")

@@ -7,6 +7,7 @@ configured windows; the measured numbers are printed (`pytest -s`).
 
 from __future__ import annotations
 
+import http.client as httpclient
 import json
 import os
 import shutil
@@ -235,7 +236,7 @@ def test_sigkill_mid_request_falls_back_and_served_continues(
     before = seat_counters(s, "a")
     old = status(s)["a"]
     assert old.pid is not None
-    job = Background(lambda: ask(s, "a", 1200))
+    job = Background(lambda: ask(s, "a", 400))  # seconds of decoding: killed well within
     wait_for("a busy", lambda: status(s)["a"].state == "BUSY", 30, s)
     killed = time.monotonic()
     os.kill(old.pid, signal.SIGKILL)
@@ -266,14 +267,29 @@ def test_sigkill_mid_stream_ends_with_an_error_event(trio: Sanctum) -> None:
     wait_for("a ready", lambda: s.health()["seats"]["a"]["ready"], 60, s)
     pid = status(s)["a"].pid
     assert pid is not None
-    def stream() -> tuple[int, dict[str, str], bytes]:
-        return ask(s, "solo", 1200, stream=True)
+    first = threading.Event()
+
+    def stream() -> tuple[int, bytes]:
+        # Read line by line, to kill the worker only once the stream has committed.
+        conn = httpclient.HTTPConnection("127.0.0.1", int(s.url.rsplit(":", 1)[1]),
+                                         timeout=120)
+        body = {"model": "solo", "prompt": "def main():\n", "max_tokens": 1200,
+                "temperature": 0, "stream": True}
+        conn.request("POST", "/v1/completions", body=json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        lines = []
+        while line := resp.readline():  # chunked decoding, ends with the body
+            lines.append(line)
+            if line.startswith(b"data: "):
+                first.set()
+        conn.close()
+        return resp.status, b"".join(lines)
 
     job = Background(stream)
-    wait_for("a busy", lambda: status(s)["a"].state == "BUSY", 30, s)
-    time.sleep(0.3)
+    assert first.wait(60), "no token streamed"
     os.kill(pid, signal.SIGKILL)
-    code, _, body = job.get(timeout=120)
+    code, body = job.get(timeout=120)
     assert code == 200
     text = body.decode()
     assert "event: error" in text and "data: [DONE]" not in text, text[-500:]
