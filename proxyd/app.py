@@ -322,7 +322,8 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                              ttft_s=round(frame.ttft_s, 4),
                              elapsed_s=round(time.monotonic() - started, 4))
                     if not gen.stream:
-                        body = responses.full_body(answer, "".join(texts), frame.finish_reason, usage)
+                        body = responses.full_body(answer, "".join(texts), frame.finish_reason,
+                                                   usage)
                         return web.json_response(body, headers=answer.headers(), dumps=_dumps)
                     if response is None:
                         response = await _commit(request, answer, started)

@@ -9,10 +9,10 @@ Only real failures count.  A client error or a decline is the seat working.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from enum import Enum
+from enum import StrEnum
 
 
-class Circuit(str, Enum):
+class Circuit(StrEnum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"

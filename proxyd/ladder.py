@@ -14,7 +14,7 @@ code as the fallback reason), and reaches the client only if no later rung answe
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from shared.config import RouteConfig, SeatConfig
 from shared.protocol import Cancelled, Failed, Ok, Outcome, Rejected
@@ -23,12 +23,12 @@ from shared.protocol import Cancelled, Failed, Ok, Outcome, Rejected
 CONTEXT_LENGTH = "context_length_exceeded"
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     BEFORE_COMMIT = "before_commit"
     AFTER_COMMIT = "after_commit"
 
 
-class Step(str, Enum):
+class Step(StrEnum):
     DONE = "done"  # answered; finish the response
     RETURN_ERROR = "return_error"  # deterministic client error: to the client, no fallback
     NEXT_RUNG = "next_rung"  # real failure before commit: try the next rung

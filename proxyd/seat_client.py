@@ -151,8 +151,8 @@ class SeatClient:
                     return
                 if isinstance(frame, Final):
                     # A seat that sent its own Final is done; a lost one may be hung.
-                    lost = isinstance(frame.outcome, Failed) and frame.outcome.reason == "worker_lost"
-                    finished = not lost
+                    outcome = frame.outcome
+                    finished = not (isinstance(outcome, Failed) and outcome.reason == "worker_lost")
                     yield frame
                     return
                 yield frame

@@ -96,8 +96,7 @@ class Sanctum:
         return self.tree
 
     def health(self) -> dict[str, Any]:
-        status, _, body = http("GET", self.url + "/health", timeout=5)
-        return json.loads(body)
+        return json.loads(http("GET", self.url + "/health", timeout=5)[2])
 
     def wait_ready(self, seats: tuple[str, ...] = ("demo",), timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout

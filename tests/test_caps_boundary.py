@@ -67,7 +67,8 @@ ladder = ["s"]
     loop.close()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(messages=MESSAGES, tools=TOOLS, delta=st.integers(-3, 3))
 def test_proxy_and_seat_agree_at_the_boundary(layers, messages, tools, delta: int) -> None:
     """Never admitted-then-refused; never refused while `margin` under the seat's cap."""
@@ -88,11 +89,12 @@ def test_proxy_and_seat_agree_at_the_boundary(layers, messages, tools, delta: in
         assert verdict.admitted
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=TEXT.filter(bool), delta=st.integers(-3, 3))
 def test_completion_prompts_agree_too(layers, prompt: str, delta: int) -> None:
     """Raw completion prompts (no template) agree the same way."""
-    admission, seat_tokenizer, context, loop = layers
+    admission, seat_tokenizer, _context, loop = layers
     n_seat = len(prompt_ids(seat_tokenizer, None, prompt))
     seat_cap = max(1, n_seat + MARGIN + delta)
     verdict = loop.run_until_complete(admission.judge(

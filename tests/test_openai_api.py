@@ -16,7 +16,7 @@ def chat(**kw) -> bytes:
 
 def test_defaults_and_fields() -> None:
     """Sampling fields map onto SamplingParams; a string stop becomes a tuple."""
-    req, messages, p = parse_chat(chat(temperature=0, top_p=0.5, top_k=20, max_tokens=9,
+    _req, messages, p = parse_chat(chat(temperature=0, top_p=0.5, top_k=20, max_tokens=9,
                                        stop="\n", seed=4))
     assert (p.temperature, p.top_p, p.top_k, p.max_tokens, p.stop, p.seed) == \
         (0.0, 0.5, 20, 9, ("\n",), 4)

@@ -57,7 +57,8 @@ model = "lookup"
 ladder = ["lookup"]
 """
 
-PROMPT = [{"role": "user", "content": "def parse_args(argv):\n    \"\"\"Parse argv into a dict.\"\"\""}]
+PROMPT = [{"role": "user",
+           "content": "def parse_args(argv):\n    \"\"\"Parse argv into a dict.\"\"\""}]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,8 @@ def up() -> Iterator[Sanctum]:
     assert s.stop() == 0
 
 
-LANES = list(itertools.product(["model", "lookup", "hybrid"], ["fp16", "q8"], [True, False], [0.0, 0.7]))
+LANES = list(itertools.product(["model", "lookup", "hybrid"], ["fp16", "q8"], [True, False],
+                               [0.0, 0.7]))
 
 
 @pytest.mark.parametrize(("seat", "kv", "speculate", "temperature"), LANES)

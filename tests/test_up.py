@@ -105,7 +105,7 @@ def test_bad_requests_then_good(up: Sanctum, raw: bytes, status: int) -> None:
     assert code == status
     err = json.loads(body)["error"]
     assert err["message"] and err["type"] == "invalid_request_error"
-    code, headers, body = http("POST", up.url + "/v1/chat/completions",
+    code, _headers, body = http("POST", up.url + "/v1/chat/completions",
                                body={"model": "demo", "messages": PROMPT, "max_tokens": 4})
     assert code == 200, body
     assert json.loads(body)["model"] == "demo"
