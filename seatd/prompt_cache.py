@@ -125,13 +125,18 @@ class SeatPromptCache:
     def begin(self, request: Generate, kv: str, prompt: list[int], max_new: int,
               cuts: tuple[int, ...] = ()) -> Plan:
         """`cuts`: the prompt's turn boundaries (`seatd.turns`); state that resumes only at
-        an exact length is also cut and kept there, at the last one prefill reaches."""
-        if not self.enabled(request) or len(prompt) < 2:
+        an exact length is also cut and kept there, at the last one prefill reaches.
+
+        A request that does not use the cache still has its prefill cut there, so its
+        answer is the one a warm or cold request with the cache gets."""
+        if len(prompt) < 2:
             return Plan()
         per_step, can_trim = self._measure(kv)
+        cuts = () if can_trim else tuple(c for c in cuts if c <= len(prompt) - 1)
+        if not self.enabled(request):
+            return Plan(resume=Resume(cuts=cuts) if cuts else None)
         tokens = tuple(prompt)
         keep_at = (len(prompt) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
-        cuts = () if can_trim else tuple(c for c in cuts if c <= len(prompt) - 1)
         keep_at = max(keep_at, *cuts) if cuts else keep_at
         plan = Plan(namespace=kv, tokens=tokens[:keep_at], trimmable=can_trim)
         hit = self.policy.lookup(kv, tokens, len(prompt) - 1)

@@ -113,6 +113,16 @@ def test_conversation_reuses_the_previous_turn(pair) -> None:
     assert result is not None and result.text == cold.text
     opted_out = _run(pair, cache, prompt, "fp16", 0.7, True, use_cache=False)
     assert opted_out.cached_tokens == 0 and opted_out.text == cold.text
+    # A KV cache resumes anywhere: an opted-out request prefills on the grid alone.
+    assert _opted_out_plan(cache, prompt, (5, 40)).resume is None
+
+
+def _opted_out_plan(cache: SeatPromptCache, prompt: list[int],
+                    cuts: tuple[int, ...]) -> Any:
+    request = Generate("r", False, SamplingParams(max_tokens=1), prompt_cache=False)
+    plan = cache.begin(request, "fp16", prompt, 1, cuts)
+    cache.finish(plan, ok=True)
+    return plan
 
 
 def test_budget_holds_under_distinct_long_prompts(pair) -> None:
@@ -239,6 +249,18 @@ def test_hybrid_chat_resumes_at_turn_boundaries(pair) -> None:
             assert (warm.text, warm.completion_tokens) == (cold.text, cold.completion_tokens)
             if temp == 0.0:
                 assert warm.cached_tokens == previous_open, turn
+            # Opting out of the cache (or a seat without one) prefills in the same chunks.
+            entries = cache.entries
+            off = _run(hybrid, cache, prompt, "fp16", temp, True, use_cache=False, cuts=cuts)
+            no_cache = _run(hybrid, SeatPromptCache(_seat(0), loaded.model), prompt, "fp16",
+                            temp, True, cuts=cuts)
+            for other in (off, no_cache):
+                assert other.cached_tokens == 0 and cache.entries == entries
+                assert (other.text, other.completion_tokens) == (cold.text,
+                                                                 cold.completion_tokens)
+        plan = _opted_out_plan(cache, prompt, cuts)
+        assert plan.resume is not None and plan.resume.cache is None
+        assert plan.resume.cuts == cuts and plan.kept is None
         previous_open = cuts[-1]  # the generation prompt's <|im_start|>
         messages.append({"role": "assistant", "content": f"def add(*xs):\n    return {turn}"})
     assert previous_open > 0
