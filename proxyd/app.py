@@ -68,7 +68,10 @@ log = structlog.get_logger()
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # Failures that say nothing about the seat's health: its circuit neither opens nor closes.
-NOT_THE_SEATS_FAULT = ("client_disconnected", "queue_full")
+# A seat whose queue is full, or that could not start a request in queue_timeout_s,
+# is busy: the request goes on down the ladder, and the seat's circuit is untouched.
+BUSY = ("queue_full", "queue_timeout")
+NOT_THE_SEATS_FAULT = ("client_disconnected", *BUSY)
 
 
 class Proxy:
@@ -95,7 +98,7 @@ class Proxy:
         p = self.config.proxy
         for seat in self.config.local_seats:
             client = SeatClient(seat.name, worker_endpoint(self.config, seat.name), self.ctx,
-                                p.heartbeat_s, p.liveness)
+                                p.heartbeat_s, p.liveness, seat.queue_timeout_s)
             client.start()
             self.clients[seat.name] = client
         for seat in config_hosted(self.config):
@@ -356,10 +359,10 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
             f"{biggest.margin})",
             prompt_tokens=biggest.tokens, cap=biggest.cap, margin=biggest.margin, seat=name,
             limit="proxy_cap", attempts=header)
-    if any(isinstance(o, Failed) and o.reason == "queue_full" for _, o in attempts) and all(
-            isinstance(o, Skipped) or (isinstance(o, Failed) and o.reason == "queue_full")
+    if any(isinstance(o, Failed) and o.reason in BUSY for _, o in attempts) and all(
+            isinstance(o, Skipped) or (isinstance(o, Failed) and o.reason in BUSY)
             for _, o in attempts):
-        # Busy, not broken: every rung that was tried had a full queue.
+        # Busy, not broken: every rung that was tried was full, or too long in starting.
         counters.inc("overloaded")
         raise Overloaded(f"every seat of route {route.model!r} is busy; retry shortly",
                          attempts=header)

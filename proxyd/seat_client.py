@@ -19,20 +19,21 @@ import zmq
 import zmq.asyncio
 
 from shared import protocol
-from shared.protocol import Chunk, Failed, Final, Generate, Pong
+from shared.protocol import Chunk, Failed, Final, Generate, Pong, Started
 
 log = structlog.get_logger()
 
-Frame = Chunk | Final
+Frame = Started | Chunk | Final
 
 
 class SeatClient:
     def __init__(self, name: str, endpoint: str, ctx: zmq.asyncio.Context,
-                 heartbeat_s: float = 1.0, liveness: int = 3) -> None:
+                 heartbeat_s: float = 1.0, liveness: int = 3, queue_s: float = 120.0) -> None:
         self.name = name
         self.endpoint = endpoint
         self.heartbeat_s = heartbeat_s
         self.liveness = liveness
+        self.queue_s = queue_s  # the longest a request waits in the seat's queue
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         # Queue only to a connected worker: a frame must never wait in a pipe
@@ -108,7 +109,7 @@ class SeatClient:
                     if old is not None and old.incarnation != reply.incarnation:
                         # Whatever the old incarnation was doing is gone with it.
                         self._lose_all("worker_lost", only_incarnation=old.incarnation)
-                case Chunk(request_id=rid) | Final(request_id=rid):
+                case Started(request_id=rid) | Chunk(request_id=rid) | Final(request_id=rid):
                     entry = self._pending.get(rid)
                     if entry is not None:
                         entry[0].put_nowait(reply)
@@ -123,9 +124,13 @@ class SeatClient:
     # -- requests ---------------------------------------------------------
 
     async def frames(self, request: Generate, first_token_s: float,
-                     stall_s: float) -> AsyncIterator[Frame]:
-        """Send `request` and yield its frames; a lost or silent seat yields a failed Final.
+                     stall_s: float) -> AsyncIterator[Chunk | Final]:
+        """Send `request` and yield its chunks and Final; a lost or silent seat yields a
+        failed Final.
 
+        Three clocks, one at a time: `queue_s` until the seat starts the request (a
+        request still waiting then fails `queue_timeout`: the seat is busy, not broken),
+        `first_token_s` from its start to the first chunk, `stall_s` between chunks.
         Leaving the iterator early cancels the request in the seat.
         """
         rid = request.request_id
@@ -142,13 +147,18 @@ class SeatClient:
                 yield Final(rid, Failed("connection_refused"), self.name, 0, 0)
                 finished = True
                 return
-            timeout, reason = first_token_s, "first_token_timeout"
+            timeout, reason = self.queue_s, "queue_timeout"
             while True:
                 try:
                     frame = await asyncio.wait_for(queue.get(), timeout)
                 except TimeoutError:
-                    yield Final(rid, Failed(reason, f"no frame for {timeout:g}s"), self.name, 0, 0)
+                    said = (f"still queued after {timeout:g}s" if reason == "queue_timeout"
+                            else f"no frame for {timeout:g}s")
+                    yield Final(rid, Failed(reason, said), self.name, 0, 0)
                     return
+                if isinstance(frame, Started):
+                    timeout, reason = first_token_s, "first_token_timeout"
+                    continue
                 if isinstance(frame, Final):
                     # A seat that sent its own Final is done; a lost one may be hung.
                     outcome = frame.outcome

@@ -59,6 +59,7 @@ from shared.protocol import (
     Pong,
     Rejected,
     Shutdown,
+    Started,
     Usage,
 )
 
@@ -200,7 +201,7 @@ class SeatWorker:
         return prompt_ids(self.loaded.tokenizer, request.messages, request.prompt,
                           request.tools_json)
 
-    def generate(self, job: Job, emit: Callable[[str, int], None]
+    def generate(self, job: Job, emit: Callable[[str, int, str], None]
                  ) -> tuple[Outcome, DecodeResult | None, int]:
         """Runs on the MLX thread.  Returns the outcome, the result and the prompt size."""
         assert self.loaded is not None
@@ -264,6 +265,7 @@ class SeatWorker:
                 self.send(job.identity, self.final(job, Cancelled()))
                 continue
             self.current = rid
+            self.send(job.identity, Started(rid))
             started = time.monotonic()
             first: list[float] = []
 

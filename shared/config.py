@@ -80,7 +80,8 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # The proxy's own cap for this seat; by default the seat's cap less the margin.
     proxy_max_prompt_tokens: PositiveInt | None = None
     memory_budget_mb: PositiveInt | None = None
-    # both kinds
+    # both kinds; a local seat's first-token clock starts when it takes the request
+    # off its queue (before that, queue_timeout_s applies)
     first_token_timeout_s: Positive = 120.0
     stall_timeout_s: Positive = 30.0
     # hosted (openai) seats
@@ -105,6 +106,9 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # local (mlx) seats: requests waiting behind the one being decoded; one more is
     # refused at once (the proxy tries the next rung, or answers 503 with Retry-After).
     max_queued: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
+    # local (mlx) seats: how long a request may wait in that queue; then it is taken
+    # back and, like a full queue, counts as busy, never as the seat failing.
+    queue_timeout_s: Positive = 120.0
 
 
 class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

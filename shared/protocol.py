@@ -165,6 +165,14 @@ class Final(msgspec.Struct, frozen=True, tag="final"):
     model: str = ""
 
 
+class Started(msgspec.Struct, frozen=True, tag="started"):
+    """The seat took the request off its queue and begins it: the first-token clock
+    starts here, so time spent waiting behind other requests is never a timeout of
+    the seat (it is bounded by the seat's `queue_timeout_s` instead)."""
+
+    request_id: str
+
+
 class CountersReply(msgspec.Struct, frozen=True, tag="counters"):
     seat: str
     counters: dict[str, object]
@@ -174,7 +182,7 @@ class BadFrame(msgspec.Struct, frozen=True, tag="bad_frame"):
     error: str
 
 
-Reply = Pong | Chunk | Final | CountersReply | BadFrame
+Reply = Pong | Started | Chunk | Final | CountersReply | BadFrame
 
 
 # ---------------------------------------------------------------------------

@@ -28,6 +28,7 @@ breaker_cooldown_s = {cooldown}
 name = "brain"
 model = "unused"
 first_token_timeout_s = 1.5
+queue_timeout_s = 1.0
 # Well past the liveness window (0.6 s), so a seat that dies mid-stream is always
 # found lost by its heartbeat before its stream counts as stalled.
 stall_timeout_s = 2.0
@@ -36,6 +37,7 @@ stall_timeout_s = 2.0
 name = "coder"
 model = "unused"
 first_token_timeout_s = 1.5
+queue_timeout_s = 1.0
 stall_timeout_s = 1.0
 
 [[seat]]

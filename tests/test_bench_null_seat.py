@@ -14,16 +14,17 @@ from sanctum.bench.arms import DirectSeat
 from sanctum.bench.null_seat import answer
 from sanctum.bench.servers import Proc
 from shared import protocol
-from shared.protocol import Chunk, Final, Generate, Ok, Ping, Pong, SamplingParams
+from shared.protocol import Chunk, Final, Generate, Ok, Ping, Pong, SamplingParams, Started
 
 
 def test_answer_is_n_chunks_then_a_final_naming_the_served_count() -> None:
-    """A Generate gets max_tokens one-token chunks and Final(ok) with served + 1."""
+    """A Generate is started, gets max_tokens one-token chunks and Final(ok) with
+    served + 1."""
     gen = Generate("r1", True, SamplingParams(max_tokens=3), prompt="hi")
     frames, served = answer(gen, "null", served=4)
     decoded = [protocol.reply_decoder.decode(f) for f in frames]
-    assert [type(d) for d in decoded] == [Chunk, Chunk, Chunk, Final]
-    assert [d.completion_tokens for d in decoded[:3]] == [1, 2, 3]
+    assert [type(d) for d in decoded] == [Started, Chunk, Chunk, Chunk, Final]
+    assert [d.completion_tokens for d in decoded[1:4]] == [1, 2, 3]
     final = decoded[-1]
     assert isinstance(final, Final) and final.outcome == Ok() and final.served == 5
     assert served == 5 and final.usage.completion_tokens == 3

@@ -123,6 +123,31 @@ def test_silent_seat_times_out_and_is_cancelled_before_next_rung(make_rig) -> No
     assert cancel[0]["request_id"] == final[0]["request_id"]
 
 
+def test_a_request_left_in_a_seats_queue_moves_on_without_blaming_the_seat(make_rig) -> None:
+    """A seat that pongs but never starts the request (as if queued behind others): after
+    queue_timeout_s the request is taken back and the next rung answers; busy is not
+    broken, so four such requests leave the seat's circuit closed (threshold 3)."""
+    rig = make_rig(modes={"brain": "queued", "coder": "ok"})
+    for _ in range(4):
+        code, headers, _ = chat(rig)
+        assert code == 200
+        assert headers["X-Sanctum-Attempts"] == "brain=failed:queue_timeout; coder=ok"
+    c = rig.counters()["proxy"]
+    assert c["fallbacks"] == {"queue_timeout": 4}
+    assert c["circuits"]["brain"] == "closed"
+    assert len(rig.events("brain", "cancel")) == 4  # taken back from the queue
+
+
+def test_every_rung_queued_too_long_is_503_overloaded(make_rig) -> None:
+    """When every local rung is still queueing, the client hears 'busy, retry'."""
+    rig = make_rig(modes={"brain": "queued", "coder": "queued"})
+    code, headers, body = chat(rig)
+    err = json.loads(body)["error"]
+    assert (code, err["code"], headers.get("Retry-After")) == (503, "overloaded", "1")
+    assert err["attempts"] == "brain=failed:queue_timeout; coder=failed:queue_timeout"
+    assert rig.counters()["proxy"]["overloaded"] == 1
+
+
 def test_stall_after_first_token(make_rig) -> None:
     """A stalled stream: stream ends with an error event; non-stream falls back."""
     rig = make_rig(modes={"brain": "stall", "coder": "ok"})

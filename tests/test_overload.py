@@ -11,7 +11,9 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+import zmq
 
+from shared import protocol
 from tests.procs import Sanctum, free_port, http
 from tests.spec_models import snippet
 
@@ -64,12 +66,14 @@ def test_a_full_queue_is_refused_with_retry_after(up: Sanctum) -> None:
             long_text.append(chunk.choices[0].text if chunk.choices else "")
 
     queued: list[int] = []
+    answers: list[bytes] = []
 
     def queued_request() -> None:
-        status, _, _ = http("POST", up.url + "/v1/completions",
-                            {"model": "demo", "prompt": "def f(x):", "max_tokens": 4},
-                            timeout=300)
+        status, _, body = http("POST", up.url + "/v1/completions",
+                               {"model": "demo", "prompt": "def f(x):", "max_tokens": 4},
+                               timeout=300)
         queued.append(status)
+        answers.append(body)
 
     a = threading.Thread(target=long_request)
     a.start()
@@ -95,7 +99,79 @@ def test_a_full_queue_is_refused_with_retry_after(up: Sanctum) -> None:
     assert counters["proxy"]["circuits"]["demo"] == "closed"  # 4 > the threshold of 3
     b.join(300)
     a.join(300)
-    assert queued == [200] and "".join(long_text)
+    assert queued == [200] and "".join(long_text), answers
     status, _, _ = http("POST", up.url + "/v1/completions",
                         {"model": "demo", "prompt": "x = 1", "max_tokens": 2})
     assert status == 200
+
+
+def test_a_request_waiting_too_long_in_the_queue_is_busy_not_broken() -> None:
+    """With queue_timeout_s = 2, a request still queued behind a long decode after 2 s is
+    taken back: 503 `overloaded` with Retry-After, the seat's circuit untouched, the
+    seat drops it unstarted (counted cancelled), and the decode in flight goes on."""
+    port = free_port()
+    config = CONFIG.format(port=port).replace(
+        "max_queued = 1", "max_queued = 4\nqueue_timeout_s = 2.0\nfirst_token_timeout_s = 30")
+    s = Sanctum(config, port=port)
+    try:
+        s.wait_ready(("demo",))
+        assert _frames_of_one_request(s) == ["started", "chunk", "chunk", "chunk", "final"]
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
+        stream = client.completions.create(model="demo", prompt=snippet(600), max_tokens=400,
+                                           temperature=0.7, seed=1, stream=True)
+        first = next(iter(stream))
+        assert first.model == "demo"
+        refused = []
+        for _ in range(4):  # more than the breaker's threshold
+            refused.append(http("POST", s.url + "/v1/completions",
+                                {"model": "demo", "prompt": "def f(x):", "max_tokens": 4},
+                                timeout=60))
+        served_before = json.loads(http("GET", s.url + "/counters")[2])["seats"]["demo"]
+        more = [c.choices[0].text for c, _ in zip(stream, range(5), strict=False)]
+        assert len(more) == 5, "the decode in flight stopped"
+        stream.close()
+        for status, headers, body in refused:
+            error = json.loads(body)["error"]
+            assert (status, error["code"], headers.get("Retry-After")) == (503, "overloaded", "1")
+            assert error["attempts"] == "demo=failed:queue_timeout"
+        counters = json.loads(http("GET", s.url + "/counters")[2])
+        assert counters["proxy"]["overloaded"] == 4
+        assert counters["proxy"]["fallbacks"] == {"queue_timeout": 4}
+        assert counters["proxy"]["circuits"]["demo"] == "closed"
+        # The seat reaches the four taken-back requests only after the long one, and
+        # drops each unstarted: none was served.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            seat = json.loads(http("GET", s.url + "/counters")[2])["seats"]["demo"]
+            if seat["cancelled"] >= 5:  # the four, and the stream closed above
+                break
+            time.sleep(0.2)
+        assert seat["cancelled"] == 5 and seat["served"] == served_before["served"]
+        status, _, _ = http("POST", s.url + "/v1/completions",
+                            {"model": "demo", "prompt": "x = 1", "max_tokens": 2})
+        assert status == 200
+    except BaseException:
+        s.kill_everything()
+        raise
+    assert s.stop() == 0
+
+
+def _frames_of_one_request(s: Sanctum) -> list[str]:
+    """Ask the seat's worker directly (a second peer on its socket): the frame kinds of
+    one request, pongs aside. The worker says it started before its first chunk."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"ipc://{s.state / 'seat-demo.sock'}")
+    try:
+        params = protocol.SamplingParams(temperature=0.0, max_tokens=3)
+        sock.send(protocol.encode(protocol.Generate("direct", False, params, prompt="x =")))
+        kinds: list[str] = []
+        while not kinds or kinds[-1] != "final":
+            assert sock.poll(60_000), kinds
+            reply = protocol.reply_decoder.decode(sock.recv())
+            kinds.append(type(reply).__name__.lower())
+        return kinds
+    finally:
+        sock.close()
+        ctx.term()

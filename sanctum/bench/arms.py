@@ -186,6 +186,8 @@ class DirectSeat:
             if not self.sock.poll(10_000):
                 raise TimeoutError("seat did not answer in 10 s")
             frame = p.reply_decoder.decode(self.sock.recv())
+            if isinstance(frame, p.Started):
+                continue
             times.append(time.perf_counter())
             if isinstance(frame, p.Final):
                 return times

@@ -32,6 +32,7 @@ from shared.protocol import (
     Ping,
     Pong,
     Shutdown,
+    Started,
     Usage,
 )
 
@@ -47,7 +48,8 @@ def answer(message: protocol.Request, seat: str, served: int) -> tuple[list[byte
             return [enc(Pong(seat, os.getpid(), 1, True, False, sent_at, BIG, BIG))], served
         case Generate(request_id=rid, params=params, prompt=prompt, messages=messages):
             n = max(params.max_tokens, 1)
-            frames = [enc(Chunk(rid, TOKEN, i + 1, served + 1)) for i in range(n)]
+            frames = [enc(Started(rid))]
+            frames += [enc(Chunk(rid, TOKEN, i + 1, served + 1)) for i in range(n)]
             size = len(prompt or "") + sum(len(m.content) for m in messages or ())
             frames.append(enc(Final(rid, Ok(), seat, served + 1, 1, "length",
                                     Usage(size, n))))

@@ -12,7 +12,8 @@ faults a real model cannot be made to produce on demand:
     crash_before_first SIGKILL itself on Generate, before any chunk
     crash_midstream    three chunks, then SIGKILL itself
     hang               stop answering anything (pings too) on Generate
-    silent             keep answering pings, never answer the Generate
+    silent             start the Generate (Started), then never answer it; pings answered
+    queued             never start the Generate, as if queued behind others; pings answered
     stall              two chunks, then silence on that request (pings still answered)
     internal_error     Final(Failed internal_error)
     slow               one chunk every 50 ms until cancelled or `--tokens` reached
@@ -43,6 +44,7 @@ from shared.protocol import (
     Ping,
     Pong,
     Rejected,
+    Started,
     Usage,
 )
 
@@ -115,6 +117,8 @@ def main() -> None:
                 case Generate(request_id=rid):
                     note(event="generate", request_id=rid, stream=msg.stream)
                     mode = args.mode
+                    if mode not in ("not_ready", "crash_before_first", "hang", "queued"):
+                        send(identity, Started(rid))
                     if mode == "not_ready":
                         send(identity, Final(rid, Failed("not_ready"), args.name, served,
                                              incarnation))
@@ -132,7 +136,7 @@ def main() -> None:
                         note(event="hanging")
                         while True:
                             time.sleep(3600)
-                    elif mode == "silent":
+                    elif mode in ("silent", "queued"):
                         muted.add(rid)
                     else:
                         active[rid] = (identity, 0, msg)
