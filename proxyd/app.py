@@ -104,15 +104,18 @@ class Proxy:
         for seat in config_hosted(self.config):
             self.clients[seat.name] = HostedClient(seat)
 
-    def admit(self, name: str) -> bool:
-        self.breakers[name], ok = breaker.admit(self.breakers[name], time.monotonic(),
-                                                self.breaker_policy)
-        return ok
+    def admit(self, name: str) -> tuple[bool, bool]:
+        """(may this attempt go to the rung, is it the half-open rung's one probe)."""
+        before = self.breakers[name]
+        self.breakers[name], ok = breaker.admit(before, time.monotonic(), self.breaker_policy)
+        return ok, ok and breaker.took_probe(before, self.breakers[name])
 
-    def settle(self, name: str, outcome: Outcome) -> None:
-        """Feed an attempt's end to its rung's breaker: only real failures count."""
+    def settle(self, name: str, outcome: Outcome, probe: bool) -> None:
+        """Feed an attempt's end to its rung's breaker: only real failures count.  An
+        attempt that ends without a verdict frees the probe slot only if it held it."""
         if isinstance(outcome, Failed) and outcome.reason in NOT_THE_SEATS_FAULT:
-            self.breakers[name] = breaker.release(self.breakers[name])
+            if probe:
+                self.breakers[name] = breaker.release(self.breakers[name])
             return
         real = isinstance(outcome, Failed)
         self.breakers[name] = breaker.record(self.breakers[name], real, time.monotonic(),
@@ -225,11 +228,13 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
     created = int(time.time())
     started = time.monotonic()
 
+    probes: set[str] = set()  # rungs this request holds the half-open probe of
+
     def record(seat: str, outcome: Outcome | Skipped) -> None:
         attempts.append((seat, outcome))
         counters.inc("attempts", seat, outcome_label(outcome).split(":")[0])
         if not isinstance(outcome, Skipped):
-            proxy.settle(seat, outcome)
+            proxy.settle(seat, outcome, seat in probes)
 
     memo: dict[Any, int] = {}
     over_cap: list[tuple[str, Verdict]] = []
@@ -243,9 +248,12 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
             over_cap.append((name, verdict))
             record(name, Skipped("over_cap"))
             continue
-        if not proxy.admit(name):
+        admitted, probe = proxy.admit(name)
+        if not admitted:
             record(name, Skipped("circuit_open"))
             continue
+        if probe:
+            probes.add(name)
         answer = Answer(rid, kind, name, created)
         response: web.StreamResponse | None = None
         texts: list[str] = []

@@ -56,6 +56,12 @@ def record(b: Breaker, real_failure: bool, now: float, policy: BreakerPolicy) ->
     return replace(b, failures=failures)
 
 
+def took_probe(before: Breaker, after: Breaker) -> bool:
+    """Did the admission that turned `before` into `after` hand out the probe?"""
+    return after.probing and not before.probing
+
+
 def release(b: Breaker) -> Breaker:
-    """A probe that ended without a verdict (client gone) frees the probe slot."""
+    """The probe ended without a verdict (client gone, seat busy): its slot is free.
+    Only the attempt that took the probe may call this."""
     return replace(b, probing=False)

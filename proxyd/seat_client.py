@@ -152,6 +152,9 @@ class SeatClient:
                 try:
                     frame = await asyncio.wait_for(queue.get(), timeout)
                 except TimeoutError:
+                    if not self.alive:  # silent because it is gone, not because it is busy
+                        yield Final(rid, Failed("worker_lost", "no heartbeat"), self.name, 0, 0)
+                        return
                     said = (f"still queued after {timeout:g}s" if reason == "queue_timeout"
                             else f"no frame for {timeout:g}s")
                     yield Final(rid, Failed(reason, said), self.name, 0, 0)

@@ -93,8 +93,11 @@ class SeatWorker:
         self.state_dir = state_dir(config)
         self.counters = SeatCounters(seat.name, self.state_dir / f"counters-{seat.name}.json")
         self.loaded: Loaded | None = None
-        self.queue: asyncio.Queue[Job] = asyncio.Queue(seat.max_queued)
-        self.cancelled: set[str] = set()
+        # Jobs in arrival order; `waiting` holds the live ones by id (at most
+        # max_queued), so a job cancelled while queued gives its place up at once.
+        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        self.waiting: dict[str, Job] = {}
+        self.cancelled: set[str] = set()  # only ever the request in flight
         self.current: str | None = None
         self.tokens_generated = 0
         self.draining = False
@@ -128,7 +131,7 @@ class SeatWorker:
             tokenizer_hash=loaded.tokenizer_hash if loaded else "",
             in_flight=(self.current,) if self.current else (),
             tokens_generated=self.tokens_generated,
-            queued=self.queue.qsize(),
+            queued=len(self.waiting),
         )
 
     def final(self, job: Job, outcome: Outcome, **fields: Any) -> Final:
@@ -165,14 +168,18 @@ class SeatWorker:
                     self.send(identity, self.final(job, Failed("not_ready", "model loading")))
                 elif self.draining:
                     self.send(identity, self.final(job, Failed("draining", "seat stopping")))
+                elif len(self.waiting) >= self.seat.max_queued:
+                    self.send(identity, self.final(job, Failed("queue_full", "seat overloaded")))
                 else:
-                    try:
-                        self.queue.put_nowait(job)
-                    except asyncio.QueueFull:
-                        self.send(identity,
-                                  self.final(job, Failed("queue_full", "seat overloaded")))
+                    self.waiting[message.request_id] = job
+                    self.queue.put_nowait(job)
             case Cancel(request_id=rid):
-                self.cancelled.add(rid)
+                queued = self.waiting.pop(rid, None)
+                if queued is not None:  # never started: its place goes to the next one
+                    self.counters.inc("cancelled")
+                    self.send(queued.identity, self.final(queued, Cancelled()))
+                elif rid == self.current:
+                    self.cancelled.add(rid)
             case GetCounters():
                 self.send(identity, CountersReply(self.seat.name, self.counters.snapshot()))
             case Shutdown(drain_s=drain_s):
@@ -258,12 +265,10 @@ class SeatWorker:
             job = await self.queue.get()
             request = job.request
             rid = request.request_id
+            if self.waiting.get(rid) is not job:
+                continue  # cancelled while queued, and already answered
+            del self.waiting[rid]
             lane = f"{'stream' if request.stream else 'sync'}/{request.kv or self.seat.kv}"
-            if rid in self.cancelled:
-                self.cancelled.discard(rid)
-                self.counters.inc("cancelled")
-                self.send(job.identity, self.final(job, Cancelled()))
-                continue
             self.current = rid
             self.send(job.identity, Started(rid))
             started = time.monotonic()
@@ -339,13 +344,13 @@ class SeatWorker:
         if self.draining:
             return
         self.draining = True
-        log.info("draining", drain_s=drain_s, queued=self.queue.qsize(), busy=self.current)
+        log.info("draining", drain_s=drain_s, queued=len(self.waiting), busy=self.current)
         assert self.loop is not None
         self.loop.create_task(self._drain(drain_s))
 
     async def _drain(self, drain_s: float) -> None:
         deadline = time.monotonic() + drain_s
-        while (self.current is not None or not self.queue.empty()) and time.monotonic() < deadline:
+        while (self.current is not None or self.waiting) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self.stopped.set()
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from proxyd.breaker import Breaker, BreakerPolicy, Circuit, admit, record, release
+from proxyd.breaker import Breaker, BreakerPolicy, Circuit, admit, record, release, took_probe
 
 P = BreakerPolicy(threshold=3, cooldown_s=10)
 
@@ -42,3 +42,16 @@ def test_release_frees_an_undecided_probe() -> None:
     """A probe whose client vanished does not leave the rung stuck half-open."""
     b, _ = admit(Breaker(Circuit.OPEN, 3, 0), 10, P)
     assert admit(release(b), 10, P)[1]
+
+
+@pytest.mark.parametrize(("before", "now", "admitted", "probe"), [
+    (Breaker(), 0, True, False),                                 # closed: no probe
+    (Breaker(Circuit.OPEN, 3, opened_at=0), 5, False, False),    # cooling down
+    (Breaker(Circuit.OPEN, 3, opened_at=0), 10, True, True),     # the probe
+    (Breaker(Circuit.HALF_OPEN, 3, 0, probing=True), 10, False, False),  # probe out
+    (Breaker(Circuit.HALF_OPEN, 3, 0, probing=False), 10, True, True),   # slot freed
+])
+def test_took_probe_names_the_one_admission_that_probes(before: Breaker, now: float,
+                                                        admitted: bool, probe: bool) -> None:
+    after, ok = admit(before, now, P)
+    assert (ok, took_probe(before, after)) == (admitted, probe)

@@ -99,9 +99,9 @@ def test_hung_worker_is_lost_by_heartbeat(make_rig) -> None:
     rig = make_rig(modes={"brain": "hang", "coder": "ok"})
     code, headers, body = chat(rig)
     assert code == 200 and json.loads(body)["model"] == "coder"
-    assert headers["X-Sanctum-Attempts"].startswith("brain=failed:")
-    assert headers["X-Sanctum-Attempts"].split(";")[0] in (
-        "brain=failed:worker_lost", "brain=failed:first_token_timeout")
+    # Found by the heartbeat, or by the queue clock, which checks the heartbeat first:
+    # a seat gone silent is lost, never merely busy.
+    assert headers["X-Sanctum-Attempts"].split(";")[0] == "brain=failed:worker_lost"
 
 
 def test_silent_seat_times_out_and_is_cancelled_before_next_rung(make_rig) -> None:
@@ -135,7 +135,11 @@ def test_a_request_left_in_a_seats_queue_moves_on_without_blaming_the_seat(make_
     c = rig.counters()["proxy"]
     assert c["fallbacks"] == {"queue_timeout": 4}
     assert c["circuits"]["brain"] == "closed"
-    assert len(rig.events("brain", "cancel")) == 4  # taken back from the queue
+    # Each was taken back from the queue (the fake logs the Cancel when it reads it).
+    deadline = time.monotonic() + 5
+    while len(rig.events("brain", "cancel")) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(rig.events("brain", "cancel")) == 4
 
 
 def test_every_rung_queued_too_long_is_503_overloaded(make_rig) -> None:
