@@ -129,7 +129,7 @@ class SeatPromptCache:
 
         A request that does not use the cache still has its prefill cut there, so its
         answer is the one a warm or cold request with the cache gets."""
-        if len(prompt) < 2:
+        if len(prompt) < 2 or not (cuts or self.enabled(request)):
             return Plan()
         per_step, can_trim = self._measure(kv)
         cuts = () if can_trim else tuple(c for c in cuts if c <= len(prompt) - 1)
