@@ -53,6 +53,21 @@ def up() -> Iterator[Sanctum]:
     assert s.stop() == 0
 
 
+def assert_busy_refusals(s: Sanctum, refusals: list[tuple[int, dict[str, str], bytes]],
+                         reason: str) -> None:
+    """Four refusals, each 503 `overloaded` with Retry-After for `reason`; counted as
+    overload and as a fallback reason; the seat's circuit still closed (threshold 3)."""
+    assert len(refusals) == 4
+    for status, headers, body in refusals:
+        error = json.loads(body)["error"]
+        assert (status, error["code"], headers.get("Retry-After")) == (503, "overloaded", "1")
+        assert error["attempts"] == f"demo=failed:{reason}"
+    counters = json.loads(http("GET", s.url + "/counters")[2])
+    assert counters["proxy"]["overloaded"] == 4
+    assert counters["proxy"]["fallbacks"] == {reason: 4}
+    assert counters["proxy"]["circuits"]["demo"] == "closed"
+
+
 def test_a_full_queue_is_refused_with_retry_after(up: Sanctum) -> None:
     client = openai.OpenAI(base_url=up.url + "/v1", api_key="x", max_retries=0, timeout=300)
     started = threading.Event()
@@ -90,13 +105,7 @@ def test_a_full_queue_is_refused_with_retry_after(up: Sanctum) -> None:
         refusals.append(http("POST", up.url + "/v1/completions",
                              {"model": "demo", "prompt": "x = 1", "max_tokens": 2}))
     assert a.is_alive(), "the long request ended before the queue was tested"
-    for status, headers, body in refusals:
-        error = json.loads(body)["error"]
-        assert (status, error["code"], headers.get("Retry-After")) == (503, "overloaded", "1")
-        assert error["attempts"] == "demo=failed:queue_full"
-    counters = json.loads(http("GET", up.url + "/counters")[2])
-    assert counters["proxy"]["overloaded"] == 4
-    assert counters["proxy"]["circuits"]["demo"] == "closed"  # 4 > the threshold of 3
+    assert_busy_refusals(up, refusals, "queue_full")
     b.join(300)
     a.join(300)
     assert queued == [200] and "".join(long_text), answers
@@ -136,14 +145,7 @@ def test_a_request_waiting_too_long_in_the_queue_is_busy_not_broken() -> None:
         more = [c.choices[0].text for c, _ in zip(stream, range(5), strict=False)]
         assert len(more) == 5, "the decode in flight stopped"
         stream.close()
-        for status, headers, body in refused:
-            error = json.loads(body)["error"]
-            assert (status, error["code"], headers.get("Retry-After")) == (503, "overloaded", "1")
-            assert error["attempts"] == "demo=failed:queue_timeout"
-        counters = json.loads(http("GET", s.url + "/counters")[2])
-        assert counters["proxy"]["overloaded"] == 4
-        assert counters["proxy"]["fallbacks"] == {"queue_timeout": 4}
-        assert counters["proxy"]["circuits"]["demo"] == "closed"
+        assert_busy_refusals(s, refused, "queue_timeout")
         # None of the four was served; the stream closed above is the fifth cancel.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
