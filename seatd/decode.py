@@ -38,7 +38,7 @@ from mlx_lm.models import cache as mlx_cache
 from seatd import recurrent
 from seatd.adaptive import PARK_TOKENS, DepthStats, RoundPolicy, observe
 from seatd.drafters import Drafter
-from seatd.sampling import KeyChain, sample
+from seatd.sampling import Draws, Keyed, draws_for
 from seatd.stops import scan_stops
 from seatd.verify import draft_probs, verify_greedy, verify_sampled
 from shared.protocol import SamplingParams
@@ -146,27 +146,34 @@ def prefill(model: Any, cache: list[Any], prompt: mx.array, upto: int,
             raise DecodeCancelled
 
 
-def _plain(model: Any, cache: list[Any], y: int, params: SamplingParams, keys: KeyChain,
-           budget: int) -> Iterator[int]:
-    """Target-only decoding from the unfed token `y`, pipelined one step ahead."""
+def output_width(model: Any) -> int:
+    """The width of the model's logits, read off a forward's shape (built, never run)."""
+    return int(model(mx.array([[0]], dtype=mx.uint32), cache=make_cache(model, "fp16")).shape[-1])
 
-    def step(tokens: mx.array) -> mx.array:
+
+def _plain(model: Any, cache: list[Any], y: int, params: SamplingParams, draws: Draws,
+           budget: int, position: int) -> Iterator[int]:
+    """Target-only decoding from the unfed token `y`, pipelined one step ahead; the first
+    token yielded is answer position `position`."""
+
+    def step(tokens: mx.array, at: int) -> mx.array:
         logits = model(tokens[None], cache=cache)[:, -1, :]
-        return sample(logits, params, keys.next())
+        return draws.token(logits, params, at)
 
-    nxt = step(mx.array([y], dtype=mx.uint32))
+    nxt = step(mx.array([y], dtype=mx.uint32), position)
     mx.async_eval(nxt)
     for i in range(budget):
         cur = nxt
         if i + 1 < budget:
-            nxt = step(cur)
+            nxt = step(cur, position + i + 1)
             mx.async_eval(nxt)
         yield int(cur.item())
 
 
 def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
-                 params: SamplingParams, keys: KeyChain, budget: int, context_room: int,
+                 params: SamplingParams, draws: Draws, budget: int, context_room: int,
                  report: SpecReport) -> Iterator[int]:
+    """Speculative rounds; `produced` is also the answer position of the next token."""
     drafter = spec.drafter
     assert drafter is not None
     produced = 0
@@ -176,7 +183,7 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
         if policy is not None and wanted == 0:
             # Parked: a burst of pipelined plain tokens, then a probe round.
             n = min(PARK_TOKENS, budget - produced)
-            burst = _plain(model, cache, y, params, keys, n)
+            burst = _plain(model, cache, y, params, draws, n, produced)
             spent = 0.0  # decoding time only, not the consumer's between tokens
             for _ in range(n):
                 started = time.perf_counter()
@@ -196,15 +203,15 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
         draft = None
         if k > 0:
             try:
-                draft = drafter.propose(k, params, keys.next)
+                draft = drafter.propose(k, params, draws, produced)
             except Exception as exc:  # a drafter's fault is a decline, never a failure
                 log.warning("drafter_failed", error=repr(exc))
                 report.state = "declined:drafter_error"
-                yield from _plain(model, cache, y, params, keys, budget - produced)
+                yield from _plain(model, cache, y, params, draws, budget - produced, produced)
                 return
         if draft is None or draft.k == 0:
             logits = model(mx.array([[y]], dtype=mx.uint32), cache=cache)[:, -1, :]
-            token = int(sample(logits, params, keys.next()).item())
+            token = int(draws.token(logits, params, produced).item())
             observe(spec.stats, 0, 0, time.perf_counter() - started)
             drafter.plain(token)
             produced += 1
@@ -216,10 +223,15 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
             logits = model(block[None], cache=cache)  # (1, k+1, V)
         if params.temperature == 0:
             n_arr, t_arr = verify_greedy(logits, draft.tokens[None])
+        elif isinstance(draws, Keyed):
+            # Keyed: keep drafts while they are the target's own keyed tokens, then the
+            # target's token at the first mismatch (or after the last draft).
+            n_arr, t_arr = verify_greedy(draws.scores(logits, params, produced),
+                                         draft.tokens[None])
         else:
             probs = draft.probs[None] if draft.probs is not None else None
             n_arr, t_arr = verify_sampled(draft_probs(logits, params), draft.tokens[None], probs,
-                                          keys.next())
+                                          draws.next_key())
         mx.eval(n_arr, t_arr, draft.tokens)
         kept, token = int(n_arr.item()), int(t_arr.item())
         drafted = draft.k
@@ -258,8 +270,10 @@ def decode(
     on_token: Callable[[int], None] | None = None,
     spec: Speculation | None = None,
     resume: Resume | None = None,
+    width: int | None = None,
 ) -> DecodeResult:
-    """Generate for one request.  `emit(text, completion_tokens)` gets committed text."""
+    """Generate for one request.  `emit(text, completion_tokens)` gets committed text.
+    `width` is the model's logits width (`output_width`), measured once per seat."""
     if resume is not None and resume.cache is not None and resume.start > 0:
         cache = resume.cache
     else:
@@ -270,7 +284,7 @@ def decode(
     prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
     n_prompt = len(prompt_ids)
     budget = min(params.max_tokens, max(context_length - n_prompt, 0))
-    keys = KeyChain(params.seed)
+    draws = draws_for(params, width if width is not None else output_width(model))
     eos = set(tokenizer.eos_token_ids)
     detok = tokenizer.detokenizer
     pieces: list[str] = []
@@ -289,10 +303,10 @@ def decode(
     y = int(prompt_ids[-1])
     source: Iterator[int]
     if spec is None or (spec.drafter is None and spec.decline is None):
-        source = _plain(model, cache, y, params, keys, budget)
+        source = _plain(model, cache, y, params, draws, budget, 0)
     elif spec.decline is not None or spec.drafter is None or spec.depth == 0:
         report.state = f"declined:{spec.decline or 'not_profitable'}"
-        source = _plain(model, cache, y, params, keys, budget)
+        source = _plain(model, cache, y, params, draws, budget, 0)
     else:
         # Until a round verifies a draft (a lookup drafter may find nothing to copy).
         report.state = "declined:no_proposal"
@@ -300,14 +314,14 @@ def decode(
             spec.drafter.start(prompt_ids)
             if cancelled():
                 raise DecodeCancelled
-            source = _speculative(model, cache, y, spec, params, keys, budget,
+            source = _speculative(model, cache, y, spec, params, draws, budget,
                                   context_length - n_prompt, report)
         except DecodeCancelled:
             raise
         except Exception as exc:
             log.warning("drafter_failed", error=repr(exc))
             report.state = "declined:drafter_error"
-            source = _plain(model, cache, y, params, keys, budget)
+            source = _plain(model, cache, y, params, draws, budget, 0)
 
     pending = ""
     produced = 0

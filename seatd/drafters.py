@@ -2,9 +2,14 @@
 
 One interface, so block drafters and native multi-token heads can join later:
 
-    start(prompt_ids)                         see the prompt (prefill, index)
-    propose(k, params, keys) -> Draft | None  up to k tokens, lazily, or nothing
-    settle(kept, drafted, next_token)         the round's verdict: roll back to it
+    start(prompt_ids)                                  see the prompt (prefill, index)
+    propose(k, params, draws, position) -> Draft | None
+                                  up to k tokens for answer positions position.., lazily
+    settle(kept, drafted, next_token)                  the round's verdict: roll back to it
+
+A model drafter draws with the request's own rule (`seatd.sampling`): for a seeded
+request the same keyed noise as the target at each position, so a draft is kept
+exactly when it is the token the target would have drawn there.
 
 `ModelDrafter` runs a small model sharing the target's tokenizer, with its own
 cache kept in step with the target's.  `LookupDrafter` copies what followed the
@@ -14,14 +19,14 @@ weights, strong on code edits and copies; its q is one-hot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 
-from seatd.sampling import sample
+from seatd.sampling import Draws
 from seatd.verify import draft_probs
 from shared.protocol import SamplingParams
 
@@ -38,8 +43,8 @@ class Draft:
 class Drafter(Protocol):
     def start(self, prompt_ids: Sequence[int]) -> None: ...
 
-    def propose(self, k: int, params: SamplingParams,
-                next_key: Callable[[], mx.array]) -> Draft | None: ...
+    def propose(self, k: int, params: SamplingParams, draws: Draws,
+                position: int) -> Draft | None: ...
 
     def settle(self, kept: int, drafted: int, next_token: int, tokens: Sequence[int]) -> None: ...
 
@@ -65,16 +70,18 @@ class ModelDrafter:
             done += n
         self.pending = [int(prompt_ids[-1])]
 
-    def propose(self, k: int, params: SamplingParams,
-                next_key: Callable[[], mx.array]) -> Draft:
+    def propose(self, k: int, params: SamplingParams, draws: Draws,
+                position: int) -> Draft:
         x = mx.array(self.pending, dtype=mx.uint32)[None]
         logits = self.model(x, cache=self.cache)[:, -1, :]
         tokens: list[mx.array] = []
         rows: list[mx.array] = []
+        # Rejection sampling (unseeded, above 0) needs the drafter's distribution q.
+        with_q = params.temperature > 0 and not draws.keyed
         for i in range(k):
-            if params.temperature > 0:
+            if with_q:
                 rows.append(draft_probs(logits, params))
-            t = sample(logits, params, next_key())
+            t = draws.token(logits, params, position + i)
             tokens.append(t)
             if i < k - 1:
                 logits = self.model(t[None], cache=self.cache)[:, -1, :]
@@ -119,8 +126,8 @@ class LookupDrafter:
                         return follow
         return []
 
-    def propose(self, k: int, params: SamplingParams,
-                next_key: Callable[[], mx.array]) -> Draft | None:
+    def propose(self, k: int, params: SamplingParams, draws: Draws,
+                position: int) -> Draft | None:
         follow = self.find(k)
         if not follow:
             return None

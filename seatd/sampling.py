@@ -1,7 +1,23 @@
-"""Token sampling with explicit PRNG keys, so a seed fixes the whole answer.
+"""Token sampling: two rules, chosen by whether the request brings a seed.
 
-`filter_logits` is kept apart from the draw so that a verifier can compare the
-same filtered distribution a plain step samples from.
+Seeded requests draw by a **keyed** rule.  Every random number is a pure function of
+(seed, answer position): position i's token is
+
+    argmax(filter(logits_i) + Gumbel(key(seed, i)))
+
+which is a draw from the filtered softmax (the Gumbel-max trick).  Nothing else
+enters: not the clock, not the seat's history, not how many rounds or drafts came
+before, not another request.  Speculation proposes with the same noise and keeps a
+draft while it equals the target's own keyed token (`seatd.verify`), so what a seat
+does to go fast cannot change a seeded answer (Daliri, Musco and Suresh, "Coupling
+without communication and drafter-invariant speculative decoding", 2024).
+
+Unseeded requests draw by a **chained** rule: keys from OS entropy, one per draw, and
+speculative rounds use rejection sampling, which accepts more drafts above
+temperature 0 than the keyed rule's coupling can.
+
+`filter_logits` is kept apart from the draw so that a verifier compares the same
+filtered distribution a plain step samples from.
 """
 
 from __future__ import annotations
@@ -11,6 +27,9 @@ import os
 import mlx.core as mx
 
 from shared.protocol import SamplingParams
+
+MASK64 = (1 << 64) - 1
+KEYED_RULE = "gumbel-v1"  # named in the seat's fingerprint: changing it changes answers
 
 
 def filter_logits(logits: mx.array, params: SamplingParams) -> mx.array:
@@ -39,14 +58,95 @@ def sample(logits: mx.array, params: SamplingParams, key: mx.array) -> mx.array:
     return mx.random.categorical(filter_logits(logits, params), axis=-1, key=key)
 
 
-class KeyChain:
-    """Deterministic per-step keys from one request seed."""
+def _mix64(z: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit words that spreads every input bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
 
-    def __init__(self, seed: int | None) -> None:
-        if seed is None:
-            seed = int.from_bytes(os.urandom(4), "little")
-        self._key = mx.random.key(seed & 0xFFFFFFFF)
 
-    def next(self) -> mx.array:
+def position_key(seed: int, position: int) -> mx.array:
+    """The PRNG key of answer position `position` of a request seeded `seed`.
+
+    Counter-based: a pure function of the pair, computed directly for any position (no
+    chain to advance).  Distinct positions of one seed get distinct keys."""
+    word = _mix64((_mix64(seed & MASK64) + (position + 1) * 0x9E3779B97F4A7C15) & MASK64)
+    return mx.random.key(word)
+
+
+class Chained:
+    """Unseeded draws: a fresh key for every draw, from OS entropy (or a fixed start)."""
+
+    keyed = False
+
+    def __init__(self, start: int | None = None) -> None:
+        if start is None:
+            start = int.from_bytes(os.urandom(4), "little")
+        self._key = mx.random.key(start & 0xFFFFFFFF)
+
+    def next_key(self) -> mx.array:
         self._key, sub = mx.random.split(self._key)
         return sub
+
+    def token(self, logits: mx.array, params: SamplingParams, position: int) -> mx.array:
+        """One token per row of `logits` (the position does not matter to this rule)."""
+        return sample(logits, params, self.next_key())
+
+
+class Keyed:
+    """Seeded draws: position i's token is argmax(filter(logits) + Gumbel(key(seed, i))).
+
+    `width` is the target's output width: noise is always made at that width (MLX's
+    random values depend on the shape asked for), and a drafter with another width
+    gets the same values cut or padded, so target and drafter share every draw."""
+
+    keyed = True
+
+    def __init__(self, seed: int, width: int) -> None:
+        self.seed = seed
+        self.width = width
+        self._rows: dict[int, mx.array] = {}
+
+    def noise(self, position: int, width: int | None = None) -> mx.array:
+        """Gumbel noise of one position, (width,): the same values on every call."""
+        row = self._rows.get(position)
+        if row is None:
+            if len(self._rows) > 64:  # a round looks at most a few positions ahead
+                self._rows = {p: r for p, r in self._rows.items() if p >= position}
+            row = mx.random.gumbel(shape=(self.width,), key=position_key(self.seed, position))
+            self._rows[position] = row
+        width = self.width if width is None else width
+        if width < self.width:
+            return row[:width]
+        if width > self.width:  # tokens the target cannot emit never win
+            return mx.concatenate([row, mx.full((width - self.width,), -mx.inf)])
+        return row
+
+    def scores(self, logits: mx.array, params: SamplingParams, position: int) -> mx.array:
+        """Perturbed scores of rows at positions position, position + 1, ... along the
+        second-to-last axis ((V,) is one position); at temperature 0 the logits."""
+        if params.temperature == 0:
+            return logits
+        width = logits.shape[-1]
+        if logits.ndim == 1:
+            return filter_logits(logits, params) + self.noise(position, width)
+        rows = logits.shape[-2]
+        noise = mx.stack([self.noise(position + i, width) for i in range(rows)])
+        return filter_logits(logits, params) + noise
+
+    def token(self, logits: mx.array, params: SamplingParams, position: int) -> mx.array:
+        """The canonical token of `position`, per row of `logits` (B, V) -> (B,)."""
+        if params.temperature == 0:
+            return mx.argmax(logits, axis=-1)
+        scores = filter_logits(logits, params) + self.noise(position, logits.shape[-1])
+        return mx.argmax(scores, axis=-1)
+
+
+Draws = Chained | Keyed
+
+
+def draws_for(params: SamplingParams, width: int) -> Draws:
+    """The rule a request samples by: keyed when it has a seed."""
+    if params.seed is not None:
+        return Keyed(params.seed, width)
+    return Chained()

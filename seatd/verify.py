@@ -1,12 +1,15 @@
 """Verification of a drafted block: which drafts to keep, and the next token.
 
-At temperature 0 a draft is kept while it equals the target's argmax.  Above 0
-it is the rejection rule of Leviathan et al. / Chen et al.: keep draft x with
-probability min(1, p(x)/q(x)); at the first rejection draw from the normalised
-residual max(0, p - q); when every draft is kept draw a bonus token from p.  p
-and q are both taken after the same temperature, top-k and top-p.  A drafter
-with no distribution (lookup) has a one-hot q: keep x with probability p(x), and
-on rejection draw from p with x removed.
+At temperature 0 a draft is kept while it equals the target's argmax.  A seeded
+request above 0 uses the same rule on perturbed scores (`seatd.sampling.Keyed`):
+a draft is kept while it equals the target's keyed token, and the target's keyed
+token follows, so the answer is the plain path's whatever the drafter proposed.
+An unseeded request above 0 uses the rejection rule of Leviathan et al. / Chen
+et al.: keep draft x with probability min(1, p(x)/q(x)); at the first rejection
+draw from the normalised residual max(0, p - q); when every draft is kept draw a
+bonus token from p.  p and q are both taken after the same temperature, top-k and
+top-p.  A drafter with no distribution (lookup) has a one-hot q: keep x with
+probability p(x), and on rejection draw from p with x removed.
 
 Everything stays on the device and lazy: the caller evaluates `(n, token)` once.
 Shapes carry a leading batch axis B so that the distribution test can run many

@@ -3,6 +3,7 @@
 import pytest
 
 from seatd.drafters import LookupDrafter
+from seatd.sampling import Chained
 from shared.protocol import SamplingParams
 
 P = SamplingParams(temperature=0.0)
@@ -29,7 +30,7 @@ def test_settle_keeps_only_verified_tokens() -> None:
     """After a round the context holds the kept drafts and the verifier's token."""
     d = LookupDrafter()
     d.start([1, 2, 3, 1, 2])
-    draft = d.propose(3, P, lambda: None)  # type: ignore[arg-type,return-value]
+    draft = d.propose(3, P, Chained(1), 0)
     assert draft is not None and draft.tokens.tolist() == [3, 1, 2]
     d.settle(1, 3, 42, draft.tokens.tolist())
     assert d.context == [1, 2, 3, 1, 2, 3, 42]

@@ -1,9 +1,11 @@
-"""Sampling: filters keep the right tokens, and a seed fixes the draw."""
+"""Sampling: filters keep the right tokens; a seeded draw is a pure function of
+(seed, position); an unseeded one comes from a key chain."""
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
-from seatd.sampling import KeyChain, filter_logits, sample
+from seatd.sampling import Chained, Keyed, draws_for, filter_logits, position_key, sample
 from shared.protocol import SamplingParams
 
 LOGITS = mx.array([[4.0, 3.0, 2.0, 1.0, 0.0]])
@@ -28,20 +30,73 @@ def test_top_p_keeps_smallest_nucleus() -> None:
     assert kept(SamplingParams(temperature=1.0, top_p=0.01)) == [0]
 
 
-def test_greedy_at_zero_temperature() -> None:
-    """Temperature 0 is argmax, whatever the key."""
+@pytest.mark.parametrize("draws", [Chained(1), Keyed(1, 5)])
+def test_greedy_at_zero_temperature(draws: Chained | Keyed) -> None:
+    """Temperature 0 is argmax, whatever the rule or the key."""
     p = SamplingParams(temperature=0.0)
-    assert int(sample(LOGITS, p, KeyChain(1).next()).item()) == 0
+    assert int(sample(LOGITS, p, Chained(1).next_key()).item()) == 0
+    assert [int(draws.token(LOGITS, p, i).item()) for i in range(5)] == [0] * 5
 
 
-def test_same_seed_same_tokens() -> None:
-    """Two key chains from one seed draw the same sequence; another seed differs."""
+def test_chained_same_start_same_tokens() -> None:
+    """Two key chains from one start draw the same sequence; another start differs."""
     p = SamplingParams(temperature=1.5)
     flat = mx.zeros((1, 1000))
 
-    def draw(seed: int) -> list[int]:
-        keys = KeyChain(seed)
-        return [int(sample(flat, p, keys.next()).item()) for _ in range(20)]
+    def draw(start: int) -> list[int]:
+        keys = Chained(start)
+        return [int(keys.token(flat, p, 0).item()) for _ in range(20)]
 
     assert draw(5) == draw(5)
     assert draw(5) != draw(6)
+
+
+def test_position_keys_are_a_pure_function_of_seed_and_position() -> None:
+    """The key of (seed, position) is the same on every call; other pairs differ."""
+    keys = {(s, i): tuple(position_key(s, i).tolist()) for s in (0, 1, 7, 2**40, -3)
+            for i in range(50)}
+    assert len(set(keys.values())) == len(keys)
+    assert tuple(position_key(7, 12).tolist()) == keys[(7, 12)]
+
+
+def test_keyed_tokens_ignore_the_order_positions_are_asked_in() -> None:
+    """Position i's token does not depend on which positions were drawn before it (what
+    a round schedule, a drafter or a restart would change)."""
+    p = SamplingParams(temperature=1.0)
+    flat = mx.zeros((1, 512))
+    forward = Keyed(9, 512)
+    a = [int(forward.token(flat, p, i).item()) for i in range(40)]
+    backward = Keyed(9, 512)
+    b = [int(backward.token(flat, p, i).item()) for i in reversed(range(40))][::-1]
+    again = [int(Keyed(9, 512).token(flat, p, i).item()) for i in range(40)]
+    assert a == b == again
+    assert len(set(a)) > 30  # a flat distribution: forty draws, not one token repeated
+    assert a != [int(Keyed(10, 512).token(flat, p, i).item()) for i in range(40)]
+
+
+def test_a_block_of_positions_scores_as_its_rows_do() -> None:
+    """Scores of a verify block (1, n, V) are the scores of each row at its position."""
+    p = SamplingParams(temperature=0.7, top_k=50)
+    logits = mx.random.normal((1, 4, 300), key=mx.random.key(3))
+    draws = Keyed(4, 300)
+    block = draws.scores(logits, p, 10)
+    for i in range(4):
+        row = Keyed(4, 300).scores(logits[0, i], p, 10 + i)
+        assert mx.array_equal(block[0, i], row)
+        assert int(mx.argmax(row).item()) == int(draws.token(logits[:, i], p, 10 + i).item())
+
+
+def test_a_narrower_drafter_shares_the_targets_noise() -> None:
+    """Noise is made at the target's width; a narrower drafter gets its first columns and a
+    wider one gets -inf past the target's vocabulary (tokens the target cannot emit)."""
+    draws = Keyed(5, 100)
+    full = draws.noise(3)
+    assert mx.array_equal(draws.noise(3, 60), full[:60])
+    wide = draws.noise(3, 120)
+    assert mx.array_equal(wide[:100], full) and bool(mx.all(wide[100:] == -mx.inf).item())
+
+
+def test_the_rule_follows_the_seed() -> None:
+    """A seeded request draws by the keyed rule, an unseeded one by a key chain."""
+    assert isinstance(draws_for(SamplingParams(seed=0), 10), Keyed)
+    assert isinstance(draws_for(SamplingParams(), 10), Chained)

@@ -6,7 +6,6 @@ processes in tests/test_spec_fidelity.py.
 
 from __future__ import annotations
 
-import math
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from seatd.verify import draft_probs, verify_sampled
 from shared.builtin import resolve_model
 from shared.config import parse_config
 from shared.protocol import Generate, SamplingParams
+from tests.chi2 import chi2_critical, chi_square
 from tests.spec_models import (
     drafter_dir,
     greedy_consistent,
@@ -37,22 +37,6 @@ pytestmark = pytest.mark.slow
 
 TRIALS = 20_000
 BATCH = 5_000  # trials per verify call, to bound memory (B x 2 x vocab floats)
-Z_999 = 3.090  # one-sided normal quantile for alpha = 0.001
-
-
-def chi2_critical(df: int, z: float = Z_999) -> float:
-    """Wilson-Hilferty approximation of the chi-square quantile."""
-    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
-
-
-def chi_square(counts: np.ndarray, probs: np.ndarray, trials: int) -> tuple[float, int]:
-    """Pearson's statistic over bins expecting >= 5, the rest pooled in one bin."""
-    expected = probs * trials
-    big = expected >= 5
-    obs = [*counts[big], counts[~big].sum()]
-    exp = [*expected[big], expected[~big].sum()]
-    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp, strict=True) if e > 0)
-    return float(stat), len(obs) - 1
 
 
 @pytest.fixture(scope="module")
@@ -359,4 +343,7 @@ def test_round_policy_parks_a_useless_drafter_and_drafts_deep_with_a_good_one(
     if temperature == 0:
         assert greedy_consistent(target, ids[:200], good.token_ids) == []
     assert good.speculation.state == "accelerated"
-    assert good.speculation.draft_tokens / good.speculation.drafts >= 3
+    # A seeded request above 0 keeps a draft only where it is the target's keyed token,
+    # which agrees less often than rejection sampling accepts: it drafts less deep.
+    assert good.speculation.draft_tokens / good.speculation.drafts >= (
+        3 if temperature == 0 else 2)
