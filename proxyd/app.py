@@ -264,6 +264,7 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                     if isinstance(frame, Chunk):
                         answer.served = frame.served_if_ok
                         answer.speculation = frame.speculation or answer.speculation
+                        answer.fingerprint = frame.fingerprint or answer.fingerprint
                         if not gen.stream:
                             texts.append(frame.text)
                             if _gone(request):
@@ -323,6 +324,7 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                     answer.served = frame.served
                     answer.speculation = frame.speculation
                     answer.upstream_model = frame.model
+                    answer.fingerprint = frame.fingerprint or answer.fingerprint
                     answer.attempts = attempts_header(attempts)
                     usage = responses.usage_body(frame.usage.prompt_tokens,
                                                  frame.usage.completion_tokens,

@@ -101,6 +101,7 @@ class _TryEnd:
     finish_reason: str | None = None
     usage: Usage = field(default_factory=Usage)
     model: str = ""
+    fingerprint: str = ""  # the upstream's system_fingerprint, passed on
 
 
 class HostedClient:
@@ -209,7 +210,8 @@ class HostedClient:
             if isinstance(outcome, Ok):
                 self.served += 1
             yield Final(rid, outcome, self.name, self.served, 0,
-                        finish_reason=end.finish_reason, usage=end.usage, model=end.model)
+                        finish_reason=end.finish_reason, usage=end.usage, model=end.model,
+                        fingerprint=end.fingerprint)
             return
 
     # -- one try ----------------------------------------------------------------
@@ -274,6 +276,7 @@ class HostedClient:
         finish: str | None = None
         usage: Usage | None = None
         model = ""
+        fingerprint = ""
         while True:
             now = loop.time()
             if finish is not None:
@@ -314,6 +317,7 @@ class HostedClient:
                     yield _TryEnd(Failed("upstream_error", self.scrub(message)))
                     return
                 model = got.model or model
+                fingerprint = got.fingerprint or fingerprint
                 usage = got.usage or usage
                 if got.text:
                     produced += 1
@@ -334,7 +338,8 @@ class HostedClient:
         if usage is None or usage.completion_tokens == 0:
             usage = Usage(usage.prompt_tokens if usage else 0, produced,
                           usage.cached_tokens if usage else 0)
-        yield _TryEnd(Ok(), finish_reason=finish, usage=usage, model=model)
+        yield _TryEnd(Ok(), finish_reason=finish, usage=usage, model=model,
+                      fingerprint=fingerprint)
 
     async def _whole(self, rid: str, resp: aiohttp.ClientResponse, chat: bool,
                      first_by: float) -> AsyncIterator[Chunk | _TryEnd]:
@@ -359,7 +364,8 @@ class HostedClient:
         if got.text:
             yield Chunk(rid, got.text, 1, self.served + 1)
         usage = got.usage or Usage(0, 1 if got.text else 0)
-        yield _TryEnd(Ok(), finish_reason=got.finish_reason, usage=usage, model=got.model or "")
+        yield _TryEnd(Ok(), finish_reason=got.finish_reason, usage=usage, model=got.model or "",
+                      fingerprint=got.fingerprint or "")
 
     async def _error_end(self, resp: aiohttp.ClientResponse, first_by: float) -> _TryEnd:
         status = resp.status

@@ -45,6 +45,8 @@ class SanctumOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     speculation: bool | None = None
     # false: neither reuse nor leave a cached prompt prefix on the seat
     prompt_cache: bool | None = None
+    # pins the draft length of this request (0 = plain), for measuring speculation
+    draft_depth: Annotated[int, msgspec.Meta(ge=0, le=16)] | None = None
 
 
 class _Common(msgspec.Struct, frozen=True):
@@ -132,11 +134,11 @@ def _content(message: Message) -> str:
 
 def overrides(req: _Common) -> dict[str, Any]:
     """The request's `sanctum` overrides as Generate fields (KV lane, speculation,
-    prompt cache)."""
+    prompt cache, draft depth)."""
     if req.sanctum is None:
         return {}
     return {"kv": req.sanctum.kv, "speculation": req.sanctum.speculation,
-            "prompt_cache": req.sanctum.prompt_cache}
+            "prompt_cache": req.sanctum.prompt_cache, "draft_depth": req.sanctum.draft_depth}
 
 
 def tools_json(req: ChatRequest) -> str | None:

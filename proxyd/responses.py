@@ -23,6 +23,8 @@ class Answer:
     # A hosted rung's upstream model, as the upstream named it; `model` stays the
     # seat's name (DESIGN.md rule 4), this goes in the `sanctum` object.
     upstream_model: str = ""
+    # The seat's system_fingerprint: changes exactly when a seeded answer's bytes can.
+    fingerprint: str = ""
 
     @property
     def id(self) -> str:
@@ -60,12 +62,14 @@ def full_body(a: Answer, text: str, finish: str | None, usage: dict[str, Any]) -
         choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
         obj = "text_completion"
     return {"id": a.id, "object": obj, "created": a.created, "model": a.seat,
-            "choices": [choice], "usage": usage, "sanctum": a.sanctum()}
+            "system_fingerprint": a.fingerprint or None, "choices": [choice], "usage": usage,
+            "sanctum": a.sanctum()}
 
 
 def _chunk(a: Answer, choices: list[dict[str, Any]], **extra: Any) -> bytes:
     obj = "chat.completion.chunk" if a.kind == "chat" else "text_completion"
-    body = {"id": a.id, "object": obj, "created": a.created, "model": a.seat, "choices": choices}
+    body = {"id": a.id, "object": obj, "created": a.created, "model": a.seat,
+            "system_fingerprint": a.fingerprint or None, "choices": choices}
     body.update(extra)
     return sse(body)
 

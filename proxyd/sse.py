@@ -37,6 +37,7 @@ class Piece:
     model: str | None = None
     done: bool = False  # data: [DONE]
     error: dict[str, Any] | None = None  # the upstream reported an error in the stream
+    fingerprint: str | None = None  # the upstream's system_fingerprint
 
 
 class Decoder:
@@ -109,7 +110,9 @@ def piece(event: Event, chat: bool) -> Piece:
             text.append(got)
         if choice.get("finish_reason"):
             finish = str(choice["finish_reason"])
-    return Piece("".join(text), finish, usage, model if isinstance(model, str) else None)
+    fingerprint = body.get("system_fingerprint")
+    return Piece("".join(text), finish, usage, model if isinstance(model, str) else None,
+                 fingerprint=fingerprint if isinstance(fingerprint, str) else None)
 
 
 def _usage(raw: Any) -> Usage | None:

@@ -88,7 +88,9 @@ class SeatSpeculation:
         if not self.rollback.get(kv, False):
             return Speculation(None, 0, self.stats, "cache_not_rollbackable")
         policy = None
-        if self.seat.draft_depth is not None:
+        if request.draft_depth is not None:  # pinned by the request, for measuring
+            depth = request.draft_depth
+        elif self.seat.draft_depth is not None:
             depth = self.seat.draft_depth
         else:
             depth = choose_depth(self.stats)

@@ -27,8 +27,10 @@ import zmq.asyncio
 
 from seatd import blas
 from seatd.counters import SeatCounters
-from seatd.decode import DecodeCancelled, DecodeResult, decode
+from seatd.decode import PREFILL_CHUNK, DecodeCancelled, DecodeResult, decode, output_width
+from seatd.fingerprint import fingerprint, model_digest
 from seatd.prompt_cache import SeatPromptCache
+from seatd.sampling import KEYED_RULE
 from seatd.speculation import SeatSpeculation
 from seatd.turns import turn_cuts, turn_marks
 from shared import exitcodes, lifecycle, protocol
@@ -84,6 +86,8 @@ class Loaded:
     speculation: SeatSpeculation
     prompt_cache: SeatPromptCache
     turn_marks: frozenset[int] = frozenset()
+    width: int = 0  # the model's logits width: keyed noise is made at it
+    fingerprints: dict[str, str] = field(default_factory=dict)  # by KV lane
 
 
 class SeatWorker:
@@ -188,7 +192,7 @@ class SeatWorker:
     # -- work -------------------------------------------------------------
 
     def load(self) -> Loaded:
-        from seatd.model_load import load_for_compute
+        from seatd.model_load import load_for_compute, on_cpu
         from shared.builtin import resolve_model
         from shared.config import resolve_path
 
@@ -200,8 +204,13 @@ class SeatWorker:
         got = load_for_compute(path, dtype)
         cap = self.seat.max_prompt_tokens or default_seat_cap(got.context_length)
         spec = SeatSpeculation(self.config, self.seat, got.model, got.tokenizer_hash)
+        digest = model_digest(path)
+        device = "cpu" if on_cpu() else "gpu"
+        prints = {kv: fingerprint(digest, got.compute_dtype, kv, device, KEYED_RULE,
+                                  PREFILL_CHUNK) for kv in ("fp16", "q8")}
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,
-                      spec, SeatPromptCache(self.seat, got.model), turn_marks(got.tokenizer))
+                      spec, SeatPromptCache(self.seat, got.model), turn_marks(got.tokenizer),
+                      output_width(got.model), prints)
 
     def tokenize(self, request: Generate) -> list[int]:
         assert self.loaded is not None
@@ -248,6 +257,7 @@ class SeatWorker:
                 on_token=progress,
                 spec=self.loaded.speculation.plan(request, kv),
                 resume=plan.resume,
+                width=loaded.width,
             )
         except DecodeCancelled:
             loaded.prompt_cache.finish(plan, ok=True)
@@ -268,18 +278,21 @@ class SeatWorker:
             if self.waiting.get(rid) is not job:
                 continue  # cancelled while queued, and already answered
             del self.waiting[rid]
-            lane = f"{'stream' if request.stream else 'sync'}/{request.kv or self.seat.kv}"
+            kv = request.kv or self.seat.kv
+            lane = f"{'stream' if request.stream else 'sync'}/{kv}"
+            print_ = self.loaded.fingerprints.get(kv, "") if self.loaded else ""
             self.current = rid
             self.send(job.identity, Started(rid))
             started = time.monotonic()
             first: list[float] = []
 
             def emit(text: str, count: int, state: str, job: Job = job,
-                     first: list[float] = first) -> None:
+                     first: list[float] = first, print_: str = print_) -> None:
                 if not first:
                     first.append(time.monotonic())
                 self.send_threadsafe(job.identity, Chunk(job.request.request_id, text, count,
-                                                         self.counters.served + 1, state))
+                                                         self.counters.served + 1, state,
+                                                         print_))
 
             with structlog.contextvars.bound_contextvars(request_id=rid, seat=self.seat.name):
                 try:
@@ -292,11 +305,12 @@ class SeatWorker:
                     outcome, result, n_prompt = Failed("internal_error", str(exc)), None, 0
                 self.current = None
                 self.cancelled.discard(rid)
-                frame = self.account(job, lane, outcome, result, n_prompt, started, first)
+                frame = self.account(job, lane, outcome, result, n_prompt, started, first,
+                                     print_)
             self.send(job.identity, frame)
 
     def account(self, job: Job, lane: str, outcome: Outcome, result: DecodeResult | None,
-                n_prompt: int, started: float, first: list[float]) -> Final:
+                n_prompt: int, started: float, first: list[float], print_: str) -> Final:
         c = self.counters
         ttft = (first[0] if first else time.monotonic()) - started
         if self.loaded is not None:
@@ -336,6 +350,7 @@ class SeatWorker:
             usage=Usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens),
             speculation=result.speculation.state,
             ttft_s=ttft,
+            fingerprint=print_,
         )
 
     # -- lifecycle --------------------------------------------------------

@@ -91,6 +91,8 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     tools_json: str | None = None
     # False: this request neither reuses nor leaves a cached prompt prefix.
     prompt_cache: bool | None = None
+    # Pins this request's draft length (0..16), for measuring; None: the seat's rule.
+    draft_depth: int | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
@@ -146,6 +148,8 @@ class Chunk(msgspec.Struct, frozen=True, tag="chunk"):
     # Speculation's state when this text was committed, so that the header sent
     # at the commit point can say it; the Final frame carries the final state.
     speculation: str = ""
+    # The seat's system_fingerprint for this request's lane (`seatd.fingerprint`).
+    fingerprint: str = ""
 
 
 class Final(msgspec.Struct, frozen=True, tag="final"):
@@ -163,6 +167,9 @@ class Final(msgspec.Struct, frozen=True, tag="final"):
     # The model the answer came from as its source names it (a hosted rung's
     # upstream model); empty for a local seat, whose name says it all.
     model: str = ""
+    # What can change a seeded answer's bytes (`seatd.fingerprint`); a hosted rung
+    # passes on its upstream's, or leaves it empty.
+    fingerprint: str = ""
 
 
 class Started(msgspec.Struct, frozen=True, tag="started"):

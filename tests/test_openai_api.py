@@ -75,12 +75,17 @@ def test_completion_prompt_forms() -> None:
 
 
 def test_sanctum_overrides_reach_the_generate_fields() -> None:
-    """`sanctum.prompt_cache: false` (with kv and speculation) becomes Generate fields."""
+    """`sanctum.prompt_cache: false` (with kv, speculation and a pinned draft depth) becomes
+    Generate fields; a depth out of 0..16 is a 400 naming it."""
     from proxyd.openai_api import overrides
 
     body = (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}],'
-            b' "sanctum": {"prompt_cache": false, "kv": "q8"}}')
+            b' "sanctum": {"prompt_cache": false, "kv": "q8", "draft_depth": 4}}')
     req, _, _ = parse_chat(body)
-    assert overrides(req) == {"kv": "q8", "speculation": None, "prompt_cache": False}
+    assert overrides(req) == {"kv": "q8", "speculation": None, "prompt_cache": False,
+                              "draft_depth": 4}
     with pytest.raises(BadRequest):
         parse_chat(body.replace(b"prompt_cache", b"prompt_cash"))
+    with pytest.raises(BadRequest) as bad:
+        parse_chat(body.replace(b'"draft_depth": 4', b'"draft_depth": 17'))
+    assert bad.value.param == "sanctum.draft_depth"

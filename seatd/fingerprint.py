@@ -1,0 +1,48 @@
+"""A seat's `system_fingerprint`: one name for everything that can change the bytes of
+a seeded answer, and for nothing that cannot.
+
+In it: the weights and tokenizer (file contents), the compute dtype, the KV lane, the
+versions of MLX and mlx-lm, the platform and device, the keyed sampling rule and the
+prefill grid (both fix float reduction orders or draws).  Not in it: the drafter, the
+draft depth, the prompt cache, the seat's name or its restarts, since none of them
+changes a seeded answer (`seatd.sampling`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+from importlib import metadata
+from pathlib import Path
+
+WEIGHT_SUFFIXES = (".safetensors", ".json", ".jinja", ".txt", ".model")
+BLOCK = 1 << 20
+
+
+def model_digest(model_dir: Path) -> str:
+    """sha256 over the model directory's weight, config and tokenizer files, by name."""
+    h = hashlib.sha256()
+    for path in sorted(Path(model_dir).iterdir()):
+        if not path.is_file() or path.suffix not in WEIGHT_SUFFIXES:
+            continue
+        h.update(path.name.encode() + b"\0")
+        with path.open("rb") as f:
+            while block := f.read(BLOCK):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def fingerprint(model: str, compute_dtype: str, kv: str, device: str, rule: str,
+                grid: int) -> str:
+    """`fp_` and 16 hex digits naming (model digest, dtype, lane, stack, platform, rule)."""
+    parts = [model, compute_dtype, kv, device, rule, str(grid),
+             _version("mlx"), _version("mlx-lm"), platform.system(), platform.machine()]
+    return "fp_" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

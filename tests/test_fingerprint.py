@@ -1,0 +1,39 @@
+"""system_fingerprint: it names what can change a seeded answer's bytes, and only that."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from seatd.fingerprint import fingerprint, model_digest
+from shared.builtin import resolve_model
+
+BASE = dict(model="m" * 64, compute_dtype="float32", kv="fp16", device="cpu",
+            rule="gumbel-v1", grid=512)
+
+
+def test_each_input_that_can_change_bytes_changes_it() -> None:
+    """Weights, dtype, lane, device, sampling rule and prefill grid each move it."""
+    base = fingerprint(**BASE)  # type: ignore[arg-type]
+    assert base.startswith("fp_") and len(base) == 19
+    assert base == fingerprint(**BASE)  # type: ignore[arg-type]
+    for key, other in [("model", "n" * 64), ("compute_dtype", "bfloat16"), ("kv", "q8"),
+                       ("device", "gpu"), ("rule", "gumbel-v2"), ("grid", 256)]:
+        assert fingerprint(**{**BASE, key: other}) != base, key  # type: ignore[arg-type]
+
+
+def test_model_digest_follows_file_contents(tmp_path: Path) -> None:
+    """A copy digests the same; a changed weight byte or config changes the digest;
+    files that are not weights, config or tokenizer do not count."""
+    demo = resolve_model("builtin:demo")
+    copy = tmp_path / "copy"
+    shutil.copytree(demo, copy)
+    digest = model_digest(demo)
+    assert model_digest(copy) == digest
+    (copy / "README.md").write_text("notes")
+    assert model_digest(copy) == digest
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert model_digest(copy) != digest
