@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import openai
 import pytest
@@ -115,9 +116,10 @@ def test_a_full_queue_is_refused_with_retry_after(up: Sanctum) -> None:
 
 
 def test_a_request_waiting_too_long_in_the_queue_is_busy_not_broken() -> None:
-    """With queue_timeout_s = 2, a request still queued behind a long decode after 2 s is
-    taken back: 503 `overloaded` with Retry-After, the seat's circuit untouched, the
-    seat drops it unstarted (counted cancelled), and the decode in flight goes on."""
+    """With queue_timeout_s = 2, four requests still queued behind a long decode after 2 s
+    are taken back: 503 `overloaded` with Retry-After, the seat's circuit untouched, the
+    seat drops them unstarted (counted cancelled), and the decode in flight goes on until
+    its client closes it (the fifth cancel)."""
     port = free_port()
     config = CONFIG.format(port=port).replace(
         "max_queued = 1", "max_queued = 4\nqueue_timeout_s = 2.0\nfirst_token_timeout_s = 30")
@@ -125,35 +127,40 @@ def test_a_request_waiting_too_long_in_the_queue_is_busy_not_broken() -> None:
     try:
         s.wait_ready(("demo",))
         assert _frames_of_one_request(s) == ["started", "chunk", "chunk", "chunk", "final"]
+        base = _seat(s)
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
-        stream = client.completions.create(model="demo", prompt=snippet(600), max_tokens=400,
+        # Up to the context's end: the seat must still be decoding it when its client
+        # closes it, and the proxy writes ahead of a client that reads slowly.
+        stream = client.completions.create(model="demo", prompt=snippet(600), max_tokens=1800,
                                            temperature=0.7, seed=1, stream=True)
         first = next(iter(stream))
         assert first.model == "demo"
-        refused = []
-        for _ in range(4):  # more than the breaker's threshold
-            refused.append(http("POST", s.url + "/v1/completions",
-                                {"model": "demo", "prompt": "def f(x):", "max_tokens": 4},
-                                timeout=60))
-        served_before = json.loads(http("GET", s.url + "/counters")[2])["seats"]["demo"]
+        # Four at once (more than the breaker's threshold): all fit the queue, none starts.
+        refused: list[tuple[int, dict[str, str], bytes]] = []
+        askers = [threading.Thread(target=lambda: refused.append(http(
+            "POST", s.url + "/v1/completions",
+            {"model": "demo", "prompt": "def f(x):", "max_tokens": 4}, timeout=60)))
+            for _ in range(4)]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join(120)
         # Taken back, they gave their queue places up at once (the decode still runs).
         deadline = time.monotonic() + 10
         while s.health()["seats"]["demo"]["queued"] and time.monotonic() < deadline:
             time.sleep(0.05)
         assert s.health()["seats"]["demo"]["queued"] == 0
-        assert served_before["cancelled"] == 4
+        seat = _seat(s)
+        assert seat["cancelled"] - base["cancelled"] == 4
+        assert seat["served"] == base["served"], "the long decode ended before it was closed"
         more = [c.choices[0].text for c, _ in zip(stream, range(5), strict=False)]
         assert len(more) == 5, "the decode in flight stopped"
+        assert _seat(s)["served"] == base["served"], "the long decode ended before it was closed"
         stream.close()
         assert_busy_refusals(s, refused, "queue_timeout")
         # None of the four was served; the stream closed above is the fifth cancel.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            seat = json.loads(http("GET", s.url + "/counters")[2])["seats"]["demo"]
-            if seat["cancelled"] >= 5:  # the four, and the stream closed above
-                break
-            time.sleep(0.2)
-        assert seat["cancelled"] == 5 and seat["served"] == served_before["served"]
+        seat = _wait_seat(s, lambda c: c["cancelled"] - base["cancelled"] >= 5)
+        assert seat["cancelled"] - base["cancelled"] == 5 and seat["served"] == base["served"]
         status, _, _ = http("POST", s.url + "/v1/completions",
                             {"model": "demo", "prompt": "x = 1", "max_tokens": 2})
         assert status == 200
@@ -161,6 +168,22 @@ def test_a_request_waiting_too_long_in_the_queue_is_busy_not_broken() -> None:
         s.kill_everything()
         raise
     assert s.stop() == 0
+
+
+def _seat(s: Sanctum) -> dict[str, Any]:
+    """The seat's own counters, read from it now."""
+    seat: dict[str, Any] = json.loads(http("GET", s.url + "/counters")[2])["seats"]["demo"]
+    return seat
+
+
+def _wait_seat(s: Sanctum, ok: Any, timeout: float = 60) -> dict[str, Any]:
+    """The seat's counters once `ok(counters)` holds, or as they are at the deadline."""
+    deadline = time.monotonic() + timeout
+    seat = _seat(s)
+    while not ok(seat) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        seat = _seat(s)
+    return seat
 
 
 def _frames_of_one_request(s: Sanctum) -> list[str]:
