@@ -236,6 +236,14 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
         if not isinstance(outcome, Skipped):
             proxy.settle(seat, outcome, seat in probes)
 
+    def left(seat: str, response: web.StreamResponse | None) -> web.StreamResponse:
+        """The client went away: counted, and the attempt's end cancels the seat's work."""
+        counters.inc("client_disconnects")
+        record(seat, Failed("client_disconnected"))
+        log.info("client_disconnected", request_id=rid, seat=seat,
+                 committed=response is not None)
+        return response or web.Response(status=499)
+
     memo: dict[Any, int] = {}
     over_cap: list[tuple[str, Verdict]] = []
     for name in ladder.rungs:
@@ -257,7 +265,11 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
         answer = Answer(rid, kind, name, created)
         response: web.StreamResponse | None = None
         texts: list[str] = []
-        frames = client.frames(gen, seat_cfg.first_token_timeout_s, seat_cfg.stall_timeout_s)
+        first_s, stall_s = seat_cfg.first_token_timeout_s, seat_cfg.stall_timeout_s
+        # A local attempt also ends when the client leaves while it waits (for a queue
+        # place, a prefill, the next chunk): nothing is then decoded for nobody.
+        frames = (client.frames(gen, first_s, stall_s, gone=lambda: _gone(request))
+                  if isinstance(client, SeatClient) else client.frames(gen, first_s, stall_s))
         try:
             async with aclosing(frames) as it:
                 async for frame in it:
@@ -268,19 +280,19 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                         if not gen.stream:
                             texts.append(frame.text)
                             if _gone(request):
-                                counters.inc("client_disconnects")
-                                record(name, Failed("client_disconnected"))
-                                return web.Response(status=499)
+                                return left(name, None)
                             continue
                         if response is None:
+                            if _gone(request):
+                                return left(name, None)
                             # Committing to this seat: it is the answering one.
                             answer.attempts = attempts_header([*attempts, (name, Ok())])
                             response = await _commit(request, answer, started)
+                            if response is None:
+                                return left(name, None)
                         if _gone(request) or not await _write(
                                 response, responses.text_chunk(answer, frame.text)):
-                            counters.inc("client_disconnects")
-                            record(name, Failed("client_disconnected"))
-                            return response
+                            return left(name, response)
                         continue
                     if isinstance(frame, Retry):
                         # A hosted rung tries again: the failed try is listed, never served.
@@ -289,6 +301,8 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                         continue
                     assert isinstance(frame, Final)
                     outcome = frame.outcome
+                    if isinstance(outcome, Failed) and outcome.reason == "client_disconnected":
+                        return left(name, response)
                     record(name, outcome)
                     phase = Phase.AFTER_COMMIT if response is not None else Phase.BEFORE_COMMIT
                     step = decide(outcome, phase)
@@ -340,6 +354,9 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
                         return web.json_response(body, headers=answer.headers(), dumps=_dumps)
                     if response is None:
                         response = await _commit(request, answer, started)
+                        if response is None:  # answered, but its client left meanwhile
+                            counters.inc("client_disconnects")
+                            return web.Response(status=499)
                     await _write(response, responses.last_chunks(
                         answer, frame.finish_reason, usage if include_usage else None))
                     return response
@@ -385,10 +402,16 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
     raise AllRungsFailed(f"every seat of route {route.model!r} failed", attempts=header)
 
 
-async def _commit(request: web.Request, answer: Answer, started: float) -> web.StreamResponse:
+async def _commit(request: web.Request, answer: Answer,
+                  started: float) -> web.StreamResponse | None:
+    """Send the headers (and the API's opening chunk, if it has one); None when the
+    client is already gone."""
     response = web.StreamResponse(headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache", **answer.headers()})
-    await response.prepare(request)
+    try:
+        await response.prepare(request)
+    except ConnectionError:
+        return None
     first = responses.first_chunk(answer)
     if first:
         await _write(response, first)

@@ -4,14 +4,16 @@ One socket per seat carries work and heartbeats (any message counts as a sign
 of life).  Frames are routed to the attempt that owns their request id.  An
 attempt learns that its worker is gone from the heartbeat (silence for
 `liveness` intervals) or from a pong with a new incarnation, whichever comes
-first, without waiting for its own timeout.
+first, without waiting for its own timeout.  An attempt whose client has gone away
+ends at once, whatever it waits for (a queue place, a prefill, the next chunk), and
+its end cancels the request in the seat.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 import structlog
@@ -24,6 +26,15 @@ from shared.protocol import Chunk, Failed, Final, Generate, Pong, Started
 log = structlog.get_logger()
 
 Frame = Started | Chunk | Final
+
+# How often an attempt waiting on its seat looks whether its client is still there.
+# A client that left must not keep a queue place, nor have a prompt prefilled for it:
+# nothing else tells an HTTP handler that its client is gone until it writes.
+GONE_POLL_S = 0.1
+
+
+def _never() -> bool:
+    return False
 
 
 class SeatClient:
@@ -123,10 +134,11 @@ class SeatClient:
 
     # -- requests ---------------------------------------------------------
 
-    async def frames(self, request: Generate, first_token_s: float,
-                     stall_s: float) -> AsyncIterator[Chunk | Final]:
+    async def frames(self, request: Generate, first_token_s: float, stall_s: float,
+                     gone: Callable[[], bool] = _never) -> AsyncIterator[Chunk | Final]:
         """Send `request` and yield its chunks and Final; a lost or silent seat yields a
-        failed Final.
+        failed Final, and so does a client that went away (`gone()`, looked at every
+        GONE_POLL_S while waiting): `client_disconnected`.
 
         Three clocks, one at a time: `queue_s` until the seat starts the request (a
         request still waiting then fails `queue_timeout`: the seat is busy, not broken),
@@ -141,6 +153,7 @@ class SeatClient:
         queue: asyncio.Queue[Frame] = asyncio.Queue()
         assert self.pong is not None
         self._pending[rid] = (queue, self.pong.incarnation)
+        loop = asyncio.get_running_loop()
         finished = False
         try:
             if not self._send(request):
@@ -148,10 +161,18 @@ class SeatClient:
                 finished = True
                 return
             timeout, reason = self.queue_s, "queue_timeout"
+            deadline = loop.time() + timeout
             while True:
+                if gone():
+                    yield Final(rid, Failed("client_disconnected", "the client went away"),
+                                self.name, 0, 0)
+                    return
                 try:
-                    frame = await asyncio.wait_for(queue.get(), timeout)
+                    wait = min(max(deadline - loop.time(), 0.0), GONE_POLL_S)
+                    frame = await asyncio.wait_for(queue.get(), wait)
                 except TimeoutError:
+                    if loop.time() < deadline:
+                        continue
                     if not self.alive:  # silent because it is gone, not because it is busy
                         yield Final(rid, Failed("worker_lost", "no heartbeat"), self.name, 0, 0)
                         return
@@ -161,6 +182,7 @@ class SeatClient:
                     return
                 if isinstance(frame, Started):
                     timeout, reason = first_token_s, "first_token_timeout"
+                    deadline = loop.time() + timeout
                     continue
                 if isinstance(frame, Final):
                     # A seat that sent its own Final is done; a lost one may be hung.
@@ -170,6 +192,7 @@ class SeatClient:
                     return
                 yield frame
                 timeout, reason = stall_s, "stall_timeout"
+                deadline = loop.time() + timeout
         finally:
             self._pending.pop(rid, None)
             if not finished:

@@ -218,6 +218,33 @@ def test_client_disconnect_cancels_generation_in_seat(make_rig) -> None:
     assert rig.counters()["proxy"]["client_disconnects"] == 1
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_that_leaves_while_queued_is_taken_back_at_once(make_rig, stream: bool) -> None:
+    """A client that goes away while its request waits in a seat's queue: the seat gets the
+    cancel before its queue clock runs out, no other rung is tried for nobody, and the
+    disconnect is counted."""
+    rig = make_rig(modes={"brain": "queued", "coder": "ok"})
+    conn = httpclient.HTTPConnection("127.0.0.1", rig.port, timeout=10)
+    conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                 body=json.dumps({"model": "private", "messages": MSG, "stream": stream}))
+    deadline = time.monotonic() + 10
+    while not rig.events("brain", "generate") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    [generate] = rig.events("brain", "generate")
+    assert conn.sock is not None
+    conn.sock.close()
+    conn.close()
+    deadline = time.monotonic() + 10
+    while rig.counters()["proxy"]["client_disconnects"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proxy = rig.counters()["proxy"]
+    assert proxy["client_disconnects"] == 1
+    # Taken back as the client left, not by brain's queue clock (1 s), which falls back.
+    assert proxy["fallbacks"] == {} and proxy["attempts"] == {"brain": {"failed": 1}}
+    assert [e["request_id"] for e in rig.events("brain", "cancel")] == [generate["request_id"]]
+    assert rig.events("coder", "generate") == [] and rig.upstream.requests == []
+
+
 def test_private_request_never_leaves_the_box(make_rig) -> None:
     """Every local rung down: a private request gets 503 no_private_seat; upstream saw nothing."""
     rig = make_rig(modes={"brain": "crash_before_first", "coder": "crash_before_first"})

@@ -1,9 +1,11 @@
 """Overload with a real seat: a full queue is refused at once with 503 `overloaded` and
 Retry-After, the waiting request is still served, and the seat's circuit stays closed
-(busy is not broken)."""
+(busy is not broken).  A client that leaves while its request waits gives its queue
+place up at once."""
 
 from __future__ import annotations
 
+import http.client as httpclient
 import json
 import threading
 import time
@@ -170,6 +172,55 @@ def test_a_request_waiting_too_long_in_the_queue_is_busy_not_broken() -> None:
     assert s.stop() == 0
 
 
+def test_a_client_that_leaves_while_queued_gives_its_place_up_at_once(up: Sanctum) -> None:
+    """A client that goes away while its request waits behind a decode: the seat drops the
+    request unstarted (counted cancelled) while the decode still runs, the next client
+    takes the freed place, and the seat decodes not one token for the one that left."""
+    client = openai.OpenAI(base_url=up.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    base, decoded_before = _seat(up), _tokens_decoded(up)
+    started = threading.Event()
+    long_usage: list[int] = []
+
+    def long_request() -> None:
+        stream = client.completions.create(model="demo", prompt=snippet(600), max_tokens=400,
+                                           temperature=0.7, seed=1, stream=True,
+                                           stream_options={"include_usage": True})
+        for chunk in stream:
+            started.set()
+            if chunk.usage is not None:
+                long_usage.append(chunk.usage.completion_tokens)
+
+    a = threading.Thread(target=long_request)
+    a.start()
+    assert started.wait(120)
+    # The one that leaves takes the seat's one queue place, then closes its connection.
+    conn = httpclient.HTTPConnection("127.0.0.1", up.port, timeout=60)
+    conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                 body=json.dumps({"model": "demo", "prompt": "def f(x):", "max_tokens": 50,
+                                  "stream": True}))
+    deadline = time.monotonic() + 60
+    while up.health()["seats"]["demo"]["queued"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert up.health()["seats"]["demo"]["queued"] == 1
+    assert conn.sock is not None
+    conn.sock.close()
+    conn.close()
+    seat = _wait_seat(up, lambda c: c["cancelled"] > base["cancelled"])
+    assert seat["cancelled"] == base["cancelled"] + 1
+    # Counted before the decode in front of it ended: dropped unstarted, not started late.
+    assert seat["served"] == base["served"], "the long request ended before the queue was tested"
+    status, _, body = http("POST", up.url + "/v1/completions",
+                           {"model": "demo", "prompt": "x = 1", "max_tokens": 4}, timeout=300)
+    assert status == 200, body  # the freed place, not queue_full
+    a.join(300)
+    seat = _seat(up)
+    assert (seat["served"] - base["served"], seat["cancelled"] - base["cancelled"]) == (2, 1)
+    answered = long_usage[0] + json.loads(body)["usage"]["completion_tokens"]
+    assert seat["completion_tokens"] - base["completion_tokens"] == answered
+    # Every token the seat decoded since went to the two that stayed.
+    assert _tokens_decoded(up) - decoded_before == answered
+
+
 def _seat(s: Sanctum) -> dict[str, Any]:
     """The seat's own counters, read from it now."""
     seat: dict[str, Any] = json.loads(http("GET", s.url + "/counters")[2])["seats"]["demo"]
@@ -184,6 +235,25 @@ def _wait_seat(s: Sanctum, ok: Any, timeout: float = 60) -> dict[str, Any]:
         time.sleep(0.1)
         seat = _seat(s)
     return seat
+
+
+def _tokens_decoded(s: Sanctum) -> int:
+    """Every token the seat's worker has decoded, cancelled requests' too, from a pong it
+    sends now (health's pong can be a heartbeat old)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"ipc://{s.state / 'seat-demo.sock'}")
+    try:
+        sock.send(protocol.encode(protocol.Ping(sent_at=time.monotonic())))
+        while True:
+            assert sock.poll(10_000), "the seat did not answer a ping"
+            reply = protocol.reply_decoder.decode(sock.recv())
+            if isinstance(reply, protocol.Pong):
+                return reply.tokens_generated
+    finally:
+        sock.close()
+        ctx.term()
 
 
 def _frames_of_one_request(s: Sanctum) -> list[str]:
