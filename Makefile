@@ -4,10 +4,23 @@ PY := $(VENV)/bin/python
 # preload OpenBLAS like seatd does for its workers (empty, and harmless, elsewhere).
 OPENBLAS := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /usr/lib/aarch64-linux-gnu/libopenblas.so.0))
 
-.PHONY: setup up test lint bench
+.PHONY: setup up test lint bench lock
+
+# The tested versions of every dependency, with the hash of every file, for Linux and
+# macOS and every Python the project supports: `make setup` installs exactly these.
+LOCK := requirements/lock.txt
+UV_VERSION := 0.13.9
+LOCK_ARGS ?= --upgrade
 
 setup:
 	@sh deploy/setup.sh $(VENV)
+
+# Re-resolve the lock from pyproject.toml: by default the newest releases it allows
+# (LOCK_ARGS= keeps the locked versions that still fit).  Then `make test`, and commit.
+lock: setup
+	$(PY) -m pip install -q 'uv==$(UV_VERSION)'
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --universal --python-version 3.11 \
+		--generate-hashes --no-config --custom-compile-command 'make lock' -o $(LOCK) $(LOCK_ARGS)
 
 up: setup
 	$(VENV)/bin/sanctum up

@@ -37,9 +37,13 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "setup: creating $VENV with $PY"
     "$PY" -m venv "$VENV"
 fi
+# Exactly the tested versions, each file checked against its hash (`make lock` writes
+# the lock); then Sanctum itself, which adds nothing the lock does not hold.
+LOCK=requirements/lock.txt
 STAMP="$VENV/.sanctum-installed"
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ "$LOCK" -nt "$STAMP" ]; then
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -e '.[test]'
+    "$VENV/bin/python" -m pip install -q --require-hashes -r "$LOCK"
+    "$VENV/bin/python" -m pip install -q --no-deps -e .
     touch "$STAMP"
 fi
