@@ -31,7 +31,8 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check shared seatd proxyd sanctum tests
 	$(VENV)/bin/mypy shared seatd/states.py seatd/stops.py seatd/prefix_cache.py proxyd/ladder.py \
-		proxyd/retry.py proxyd/sse.py proxyd/hosted.py
+		proxyd/retry.py proxyd/sse.py proxyd/hosted.py seatd/sampling.py seatd/fingerprint.py \
+		seatd/drafters.py
 
 # Every comparison, interleaved, then docs/BENCHMARKS.md and its plots.
 # Pass options through, e.g. make bench BENCH_ARGS="--rounds 8 --model DIR".
