@@ -7,5 +7,7 @@
     arms       the things being compared (our stack, in-process mlx-lm, ...)
     servers    processes a benchmark starts and proves stopped
     null_seat  a seat that answers instantly, speaking the real protocol
+    rules      the sampling rules (keyed, rejection, plain) on one speculating seat
+    flips      where speculative answers leave plain ones (float near-ties), and why
     report     docs/BENCHMARKS.md and its plots, from stored results
 """

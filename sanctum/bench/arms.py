@@ -43,7 +43,7 @@ class OpenAIArm:
     """An OpenAI-compatible server through the official openai client, streaming."""
 
     def __init__(self, base_url: str, model: str, temperature: float, max_tokens: int,
-                 workloads: dict[str, Workload], seed: int = 1) -> None:
+                 workloads: dict[str, Workload], seed: int | None = 1) -> None:
         import openai
 
         self.client = openai.OpenAI(base_url=base_url + "/v1", api_key="bench", max_retries=0,
@@ -52,9 +52,15 @@ class OpenAIArm:
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.workloads = workloads
-        self.seed = seed
+        self.seed = seed  # None: unseeded requests (no `seed` field sent)
+        self.extra_body: dict[str, Any] = {}  # e.g. the request's `sanctum` options
         self.last_headers: dict[str, str] = {}
+        self.last_text = ""
         self.calls: Counter[str] = Counter()
+
+    def request_seed(self, k: int) -> int | None:
+        """The seed of the k-th request of a workload (from 1): the arm's one seed."""
+        return self.seed
 
     def __call__(self, name: str) -> dict[str, float]:
         self.calls[name] += 1
@@ -68,8 +74,13 @@ class OpenAIArm:
                 model=self.model, max_tokens=1, temperature=0.0,
                 messages=[{"role": r, "content": c} for r, c in w.history])
         common: dict[str, Any] = dict(model=self.model, max_tokens=self.max_tokens,
-                                      temperature=temp, seed=self.seed, stream=True,
+                                      temperature=temp, stream=True,
                                       stream_options={"include_usage": True})
+        seed = self.request_seed(self.calls[name])
+        if seed is not None:  # the SDK would send `"seed": null` for None; send nothing
+            common["seed"] = seed
+        if self.extra_body:
+            common["extra_body"] = self.extra_body
         t0 = time.perf_counter()
         if w.kind == "chat":
             raw = self.client.chat.completions.with_raw_response.create(
@@ -78,6 +89,7 @@ class OpenAIArm:
             raw = self.client.completions.with_raw_response.create(prompt=w.prompt, **common)
         self.last_headers = {k.lower(): v for k, v in raw.headers.items()}
         times: list[float] = []
+        pieces: list[str] = []
         usage = None
         facts: dict[str, Any] = {}
         for chunk in raw.parse():
@@ -90,9 +102,11 @@ class OpenAIArm:
                 text = c.delta.content if w.kind == "chat" else c.text  # type: ignore[union-attr]
                 if text:
                     times.append(now)
+                    pieces.append(text)
             if chunk.usage is not None:
                 usage = chunk.usage
         end = time.perf_counter()
+        self.last_text = "".join(pieces)
         tokens = usage.completion_tokens if usage else len(times)
         prompt = usage.prompt_tokens if usage else 0
         figures = decode_figures(t0, times, end, tokens, prompt)

@@ -1,6 +1,6 @@
 """`sanctum bench`: run comparisons, store their results, render the report.
 
-    sanctum bench run [stack|mlx-server|proxy|spec|cache|all] [--rounds N] [--tokens N] ...
+    sanctum bench run [stack|mlx-server|proxy|spec|cache|rollback|rules|flips|all] ...
     sanctum bench report        docs/BENCHMARKS.md and plots from the stored results
     sanctum bench load          N concurrent clients against `sanctum up`
 
@@ -55,7 +55,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts = Options(model=args.model, drafter=args.drafter, rounds=args.rounds,
                    warmup=args.warmup, tokens=args.tokens, seed=args.seed,
                    temperature=args.temperature, requests=args.requests,
-                   clients=args.clients, seconds=args.seconds)
+                   clients=args.clients, seconds=args.seconds,
+                   flip_tokens=args.flip_tokens)
     depth = None if args.draft_depth == "adaptive" else int(args.draft_depth)
     opts.draft_depth = depth
     opts.workloads = tuple(w for w in args.workloads.split(",") if w)
@@ -132,6 +133,8 @@ def add_bench(sub: Any) -> None:
                      help="proxy overhead: concurrent clients for requests/s")
     run.add_argument("--seconds", type=float, default=d.seconds,
                      help="proxy overhead: seconds per requests/s slot")
+    run.add_argument("--flip-tokens", type=int, default=d.flip_tokens,
+                     help="float flips: new tokens per answer")
     run.add_argument("--report", action="store_true", help="render the report afterwards")
     common(run)
     run.set_defaults(fn=cmd_run)

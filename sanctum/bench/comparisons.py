@@ -1,4 +1,4 @@
-"""The five comparisons.  Each starts what it needs, runs one interleaved schedule,
+"""The comparisons.  Each starts what it needs, runs one interleaved schedule,
 stops everything, and returns a `Run` (stored as JSON, rendered by report.py).
 
     stack      our stack end to end  vs  the same model in-process (mlx-lm generate_step)
@@ -6,6 +6,10 @@ stops everything, and returns a `Run` (stored as JSON, rendered by report.py).
     proxy      proxy in front of a null seat  vs  the null seat over ZeroMQ directly
     spec       speculative  vs  plain decoding on our own seat
     cache      prompt cache on  vs  off, for turn N of a conversation
+    rollback   verify rounds on a hybrid model, recorded and rolled back  vs  unrecorded
+    rules      keyed  vs  rejection sampling  vs  plain on one seat (sanctum.bench.rules)
+    flips      not a speed comparison: where speculative answers leave plain ones
+               (sanctum.bench.flips; nothing to interleave)
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class Options:
     requests: int = 200
     clients: int = 8
     seconds: float = 3.0
+    # float flips: new tokens per answer (long answers: a flip can happen anywhere)
+    flip_tokens: int = 256
     verbose: bool = True
 
 
@@ -374,8 +380,11 @@ def spec(opts: Options) -> Run:
                     "from_draft flags); accept_pN = share of verifies that accepted draft "
                     "position N.",
                     "mlx-lm accepts a draft token only when it equals the target's own "
-                    "sample; our seat uses rejection sampling, so at temperature > 0 the "
-                    "two acceptance rates differ by design."])
+                    "sample, drawn independently of the draft; these requests are seeded, so "
+                    "our seat keeps a draft while it equals the target's keyed token, drawn "
+                    "with the draft's own noise (the keyed rule): at temperature > 0 the two "
+                    "acceptance rates differ by design. Section 7 sets the keyed rule against "
+                    "rejection sampling (unseeded requests)."])
     if not any(s.figures.get("accelerated") for s in run.samples if s.arm == "speculative"):
         return msgspec.structs.replace(
             run, not_measurable="the speculative seat never reported an accelerated answer "
@@ -475,7 +484,22 @@ def rollback(opts: Options) -> Run:
                  "alone, evaluated."])
 
 
+# -- 7. the sampling rules; 8. float flips (each in a module of its own) -----------------
+
+
+def rules(opts: Options) -> Run:
+    from sanctum.bench.rules import rules as run_rules
+
+    return run_rules(opts)
+
+
+def flips(opts: Options) -> Run:
+    from sanctum.bench.flips import flips as run_flips
+
+    return run_flips(opts)
+
+
 COMPARISONS: dict[str, Callable[[Options], Run]] = {
     "stack": stack, "mlx-server": mlx_server, "proxy": proxy, "spec": spec, "cache": cache,
-    "rollback": rollback,
+    "rollback": rollback, "rules": rules, "flips": flips,
 }

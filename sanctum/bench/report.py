@@ -24,7 +24,7 @@ from sanctum.bench.stats import (
     summarize,
 )
 
-ORDER = ["stack", "mlx-server", "proxy", "spec", "cache", "rollback"]
+ORDER = ["stack", "mlx-server", "proxy", "spec", "cache", "rollback", "rules", "flips"]
 SECTION = {
     "stack": "1. Our stack against the same model in-process",
     "mlx-server": "2. Our stack against mlx_lm.server",
@@ -32,6 +32,8 @@ SECTION = {
     "spec": "4. Speculative against plain decoding",
     "cache": "5. Prompt cache on against off",
     "rollback": "6. Rolling back a hybrid model's recurrent layers",
+    "rules": "7. Sampling rules: keyed, rejection and plain",
+    "flips": "8. Float flips: speculative against plain answers",
 }
 # Which figures each comparison reports, and its goals (speed ratio, arm over baseline).
 SHOWN = {
@@ -77,6 +79,10 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
     if run.comparison == "mlx-server":
         return _per_temperature(run, "e2e_s", arm, base, "end-to-end speed, t={t}, all workloads",
                                 "mlx-server")
+    if run.comparison == "rules":
+        from sanctum.bench.rules import headline as rules_headline
+
+        return rules_headline(run)
     if run.comparison == "rollback":
         r = pair_ratios(run.samples, "round_s", arm, base)
         if r:
@@ -103,10 +109,11 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
 
 
 def _per_temperature(run: Run, fig: str, arm: str, other: str, what: str,
-                     goals: str | None = None) -> list[tuple[str, Summary, float | None]]:
+                     goals: str | None = None, temperatures: tuple[str, ...] = ("0", "0.7"),
+                     ) -> list[tuple[str, Summary, float | None]]:
     """One headline row per temperature (workloads named '... t=T'), all its pairs pooled."""
     out: list[tuple[str, Summary, float | None]] = []
-    for t in ("0", "0.7"):
+    for t in temperatures:
         r = [x for w in run.workloads if w.endswith(f"t={t}")
              for x in pair_ratios(run.samples, fig, arm, other, w)]
         if r:
@@ -273,7 +280,12 @@ def section(run: Run, plot: str | None, name: str | None = None) -> list[str]:
         lines.append("")
     if run.comparison == "proxy":
         lines += [*_added(run), ""]
-    lines += [*_table(run, warnings), ""]
+    if run.comparison == "rules":
+        from sanctum.bench.rules import table as rules_table
+
+        lines += [*rules_table(run), ""]
+    else:
+        lines += [*_table(run, warnings), ""]
     lines += spec_against_mlx(run)
     if plot:
         lines += [f"![{run.comparison}]({plot})", ""]
@@ -291,6 +303,10 @@ def plot_run(run: Run, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
+    if run.comparison == "rules":
+        from sanctum.bench.rules import plot as rules_plot
+
+        return rules_plot(run, path, plt)
     arm, base = _other(run), run.baseline
     figs = [f for f in SHOWN.get(run.comparison, []) if f in FIGURES]
     figs = [f for f in figs if any(pair_ratios(run.samples, f, arm, base, w)
@@ -356,6 +372,13 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
         label = SECTION.get(run.comparison, run.comparison)
         if name != run.comparison:
             label += f" ({name.removeprefix(run.comparison + '-')})"
+        if run.comparison == "flips" and not run.not_measurable:
+            # A correctness measure without interleaved samples: its own section.
+            from sanctum.bench import flips
+
+            body += flips.section(run, label)
+            summary += [f"| {label} | {what} | {text} | - |" for what, text in flips.headline(run)]
+            continue
         plot_rel = None
         if plot_dir is not None and not run.not_measurable:
             try:
