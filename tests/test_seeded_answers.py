@@ -73,10 +73,12 @@ DEMO: list[Variant] = [
     ("lookup", {}),
     ("nospec", {}),
 ]
-DEMO_Q8: list[Variant] = [("demo", {"kv": "q8"}), ("demo", {"kv": "q8", "speculation": False})]
+# A pinned depth in every family, so that each has an answer that really speculated.
+DEMO_Q8: list[Variant] = [("demo", {"kv": "q8"}), ("demo", {"kv": "q8", "draft_depth": 2}),
+                          ("demo", {"kv": "q8", "speculation": False})]
 HYBRID: list[Variant] = [("hybrid", {}), ("hybrid", {"draft_depth": 3}),
                          ("hybrid", {"speculation": False}), ("hybrid", {"prompt_cache": False})]
-HYBRID_Q8: list[Variant] = [("hybrid", {"kv": "q8"}),
+HYBRID_Q8: list[Variant] = [("hybrid", {"kv": "q8", "draft_depth": 2}),
                             ("hybrid", {"kv": "q8", "speculation": False})]
 FAMILIES = {"demo/fp16": DEMO, "demo/q8": DEMO_Q8, "hybrid/fp16": HYBRID,
             "hybrid/q8": HYBRID_Q8}
