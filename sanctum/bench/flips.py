@@ -421,21 +421,28 @@ def section(run: Run, title: str) -> list[str]:
              "their logits can be set side by side: the largest difference between them "
              "and the smallest gap between the best two scores (the scores the token is "
              "the argmax of: logits at t=0; filtered logits plus the keyed Gumbel noise "
-             "above 0) say how close the answer came to a flip.", ""]
+             "above 0) say how close the answer came to a flip. A flip needs a gap below "
+             "the difference in scores (the logit difference over the temperature; the "
+             "noise is the same on both paths), so the gap over that difference is the "
+             "headroom left.", ""]
     lines += [f"- **{a.name}**: {a.description}" for a in run.arms]
     lines += ["", *[f"- {n}" for n in run.notes], ""]
     lines += ["| model | rule | speculative | answers | flips | tokens compared "
               "| flips per 1,000 | largest logit difference | smallest top-two gap "
-              "| gap over difference |",
+              "| gap over score difference |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for (model, rule, config), rs in groups(rows):
         n, compared, _ = summarize_cases(rs)
         gaps = [r.min_margin for r in rs if r.min_margin is not None]
         diff = max(r.max_logit_diff for r in rs)
         gap = min(gaps) if gaps else None
+        # Scores are logits over the temperature (plus noise that both paths share).
+        t = rs[0].temperature
+        score_diff = diff / t if t > 0 else diff
         headroom = "-"
-        if gap is not None and diff > 0:
-            headroom = f"{gap / diff:,.0f}x" if gap >= 10 * diff else f"{gap / diff:.2g}x"
+        if gap is not None and score_diff > 0:
+            x = gap / score_diff
+            headroom = f"{x:,.0f}x" if x >= 10 else f"{x:.2g}x"
         lines.append(f"| {model} | {rule} | {config} | {len(rs)} | {n} | {compared} "
                      f"| {rate_text(n, compared)} | {_g(diff)} | {_g(gap)} | {headroom} |")
     lines += ["", "Per answer (first difference: the answer position, from 0; at it, the "
