@@ -266,10 +266,9 @@ async def serve(request: web.Request, kind: Kind, route: RouteConfig, gen: Gener
         response: web.StreamResponse | None = None
         texts: list[str] = []
         first_s, stall_s = seat_cfg.first_token_timeout_s, seat_cfg.stall_timeout_s
-        # A local attempt also ends when the client leaves while it waits (for a queue
-        # place, a prefill, the next chunk): nothing is then decoded for nobody.
-        frames = (client.frames(gen, first_s, stall_s, gone=lambda: _gone(request))
-                  if isinstance(client, SeatClient) else client.frames(gen, first_s, stall_s))
+        # An attempt also ends when the client leaves while it waits (a local seat's queue
+        # place, prefill or next chunk; a hosted rung's back-off): nothing for nobody.
+        frames = client.frames(gen, first_s, stall_s, gone=lambda: _gone(request))
         try:
             async with aclosing(frames) as it:
                 async for frame in it:

@@ -169,8 +169,10 @@ class HostedClient:
 
     # -- one request: tries until an answer, a give-up, or the deadline ---------
 
-    async def frames(self, gen: Generate, first_token_s: float,
-                     stall_s: float) -> AsyncIterator[Frame]:
+    async def frames(self, gen: Generate, first_token_s: float, stall_s: float,
+                     gone: Callable[[], bool] = lambda: False) -> AsyncIterator[Frame]:
+        """Tries until an answer, a give-up or the deadline; a client that went away
+        (`gone()`) is never tried for again: the attempt ends `client_disconnected`."""
         rid = gen.request_id
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.seat.total_timeout_s
@@ -178,6 +180,10 @@ class HostedClient:
         chat = gen.messages is not None
         attempt = 0
         while True:
+            if attempt and gone():  # left during the back-off: no try for nobody
+                yield Final(rid, Failed("client_disconnected", "the client went away"),
+                            self.name, self.served, 0)
+                return
             attempt += 1
             end: _TryEnd | None = None
             sent = 0

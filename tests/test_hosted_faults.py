@@ -90,6 +90,20 @@ def test_429_with_retry_after_is_honoured_then_answered(make_rig: MakeRig) -> No
     still_serves(rig)
 
 
+def test_a_client_gone_during_the_back_off_is_never_tried_for_again(make_rig: MakeRig) -> None:
+    """The client leaves while the rung waits out a Retry-After: when the wait ends the
+    attempt ends as a disconnect, with no second try upstream and no other rung asked."""
+    rig = make_rig(primary=["status:429:retry_after=2", "ok"])
+    with pytest.raises(OSError):  # the client gives up after 0.5 s and closes
+        rig.chat(timeout=0.5)
+    deadline = time.monotonic() + 10
+    while rig.counters()["proxy"].get("client_disconnects", 0) == 0:
+        assert time.monotonic() < deadline, "the departed client was never noticed"
+        time.sleep(0.05)
+    assert rig.tries() == (1, 0)
+    still_serves(rig)
+
+
 def test_429_with_retry_after_too_long_moves_on_at_once(make_rig: MakeRig) -> None:
     """A Retry-After longer than the rung may wait (3 s here): the next rung answers at once."""
     rig = make_rig(primary=["status:429:retry_after=30"])
