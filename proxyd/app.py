@@ -23,7 +23,7 @@ from proxyd import breaker, responses
 from proxyd.admission import Admission, Verdict
 from proxyd.breaker import Breaker, BreakerPolicy
 from proxyd.counters import ProxyCounters, render_metrics
-from proxyd.hosted import HostedClient, Retry
+from proxyd.hosted import HostedClient
 from proxyd.ladder import (
     Phase,
     Skipped,
@@ -59,6 +59,7 @@ from shared.protocol import (
     Ok,
     Outcome,
     Rejected,
+    Retry,
     control_reply_decoder,
     encode,
 )

@@ -1,7 +1,7 @@
 """A hosted rung: any OpenAI-compatible upstream, off the box or on the LAN.
 
 It yields the same frames as a local seat (`Chunk`s, then one `Final`), so the
-ladder treats both alike, plus a `Retry` frame before each new try of the same
+ladder treats both alike, plus a `Retry` frame (shared/protocol.py) before each new try of the same
 rung, so that every failed try is listed in `X-Sanctum-Attempts`.  The upstream
 is always asked to stream, so that a silent or stalled upstream is noticed by
 the first-token and stall timeouts, whatever the client asked for.
@@ -53,7 +53,6 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -63,45 +62,31 @@ import structlog
 from proxyd import sse
 from proxyd.retry import GiveUp, RetryIn, RetryPolicy, next_try, parse_retry_after
 from shared.config import SeatConfig
-from shared.protocol import Chunk, Failed, Final, Generate, Ok, Outcome, Rejected, Usage
+from shared.errors import CONTEXT_LENGTH
+from shared.protocol import (
+    Chunk,
+    Failed,
+    Final,
+    Generate,
+    Ok,
+    Outcome,
+    Rejected,
+    Retry,
+    RungFrame,
+    TryEnd,
+    Usage,
+)
 
 log = structlog.get_logger()
 
 # Statuses that are the request's own fault: the client gets them back.
 CLIENT_FAULT = frozenset({400, 413, 422})
-CONTEXT_LENGTH = "context_length_exceeded"
 # How upstreams spell a context-length refusal (OpenAI, vLLM, llama.cpp, others).
 _CONTEXT_HINTS = ("context_length", "context length", "maximum context", "exceed_context",
                   "context window", "prompt is too long", "too many tokens")
 # After the finish reason, how long to wait for usage or [DONE] before finalizing.
 TAIL_S = 1.0
 MESSAGE_MAX = 500
-
-
-@dataclass(frozen=True)
-class Retry:
-    """A failed try of a hosted rung that will be tried again after `delay_s`.
-
-    Not the rung's outcome (its `Final` still comes); the ladder lists it in
-    `X-Sanctum-Attempts` and counts it as a failed attempt, never as served.
-    """
-
-    request_id: str
-    outcome: Failed
-    delay_s: float
-
-
-Frame = Chunk | Retry | Final
-
-
-@dataclass(frozen=True)
-class _TryEnd:
-    outcome: Outcome
-    retry_after_s: float | None = None
-    finish_reason: str | None = None
-    usage: Usage = field(default_factory=Usage)
-    model: str = ""
-    fingerprint: str = ""  # the upstream's system_fingerprint, passed on
 
 
 class HostedClient:
@@ -170,7 +155,7 @@ class HostedClient:
     # -- one request: tries until an answer, a give-up, or the deadline ---------
 
     async def frames(self, gen: Generate, first_token_s: float, stall_s: float,
-                     gone: Callable[[], bool] = lambda: False) -> AsyncIterator[Frame]:
+                     gone: Callable[[], bool] = lambda: False) -> AsyncIterator[RungFrame]:
         """Tries until an answer, a give-up or the deadline; a client that went away
         (`gone()`) is never tried for again: the attempt ends `client_disconnected`."""
         rid = gen.request_id
@@ -185,12 +170,12 @@ class HostedClient:
                             self.name, self.served, 0)
                 return
             attempt += 1
-            end: _TryEnd | None = None
+            end: TryEnd | None = None
             sent = 0
             async with aclosing(self._try(rid, path, body, chat, first_token_s, stall_s,
                                           deadline)) as tries:
                 async for item in tries:
-                    if isinstance(item, _TryEnd):
+                    if isinstance(item, TryEnd):
                         end = item
                     else:
                         sent += 1
@@ -224,7 +209,7 @@ class HostedClient:
 
     async def _try(self, rid: str, path: str, body: dict[str, Any], chat: bool,
                    first_token_s: float, stall_s: float,
-                   deadline: float) -> AsyncGenerator[Chunk | _TryEnd, None]:
+                   deadline: float) -> AsyncGenerator[Chunk | TryEnd, None]:
         loop = asyncio.get_running_loop()
         first_by = min(loop.time() + first_token_s, deadline)
 
@@ -236,21 +221,21 @@ class HostedClient:
                 resp = await self.session().post(self.base_url + path, json=body,
                                                  headers=self._headers())
         except aiohttp.ConnectionTimeoutError:
-            yield _TryEnd(Failed("connect_timeout",
+            yield TryEnd(Failed("connect_timeout",
                                  f"no connection within {self.seat.connect_timeout_s:g}s"))
             return
         except TimeoutError:
-            yield _TryEnd(Failed(late("first_token_timeout", first_by),
+            yield TryEnd(Failed(late("first_token_timeout", first_by),
                                  f"no response headers within {first_token_s:g}s"))
             return
         except aiohttp.ClientConnectorError as exc:
-            yield _TryEnd(Failed("connect_failed", self.scrub(str(exc.os_error or exc))))
+            yield TryEnd(Failed("connect_failed", self.scrub(str(exc.os_error or exc))))
             return
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            yield _TryEnd(Failed("connection_reset", self.scrub(f"{type(exc).__name__}: {exc}")))
+            yield TryEnd(Failed("connection_reset", self.scrub(f"{type(exc).__name__}: {exc}")))
             return
         except aiohttp.ClientError as exc:
-            yield _TryEnd(Failed("connect_failed", self.scrub(f"{type(exc).__name__}: {exc}")))
+            yield TryEnd(Failed("connect_failed", self.scrub(f"{type(exc).__name__}: {exc}")))
             return
         clean = False
         try:
@@ -275,7 +260,7 @@ class HostedClient:
 
     async def _stream(self, rid: str, resp: aiohttp.ClientResponse, chat: bool,
                       first_by: float, stall_s: float,
-                      deadline: float) -> AsyncIterator[Chunk | _TryEnd]:
+                      deadline: float) -> AsyncIterator[Chunk | TryEnd]:
         loop = asyncio.get_running_loop()
         decoder = sse.Decoder()
         produced = 0
@@ -300,15 +285,15 @@ class HostedClient:
                 if until >= deadline:
                     reason = "deadline"
                 waited = until - now
-                yield _TryEnd(Failed(reason, f"upstream silent for {waited:.3g}s"))
+                yield TryEnd(Failed(reason, f"upstream silent for {waited:.3g}s"))
                 return
             except (aiohttp.ClientError, ConnectionError) as exc:
                 if finish is not None:
                     break
-                yield _TryEnd(Failed("stream_cut", self.scrub(f"{type(exc).__name__}: {exc}")))
+                yield TryEnd(Failed("stream_cut", self.scrub(f"{type(exc).__name__}: {exc}")))
                 return
             except ValueError as exc:  # a line over the read buffer
-                yield _TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
+                yield TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
                 return
             at_end = not raw
             event = decoder.end() if at_end else decoder.line(raw.decode("utf-8", "replace"))
@@ -316,11 +301,11 @@ class HostedClient:
                 try:
                     got = sse.piece(event, chat)
                 except sse.Malformed as exc:
-                    yield _TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
+                    yield TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
                     return
                 if got.error is not None:
                     message = str(got.error.get("message") or got.error)
-                    yield _TryEnd(Failed("upstream_error", self.scrub(message)))
+                    yield TryEnd(Failed("upstream_error", self.scrub(message)))
                     return
                 model = got.model or model
                 fingerprint = got.fingerprint or fingerprint
@@ -339,41 +324,41 @@ class HostedClient:
             if at_end:
                 break
         if finish is None:
-            yield _TryEnd(Failed("stream_cut", "the stream ended before its finish_reason"))
+            yield TryEnd(Failed("stream_cut", "the stream ended before its finish_reason"))
             return
         if usage is None or usage.completion_tokens == 0:
             usage = Usage(usage.prompt_tokens if usage else 0, produced,
                           usage.cached_tokens if usage else 0)
-        yield _TryEnd(Ok(), finish_reason=finish, usage=usage, model=model,
+        yield TryEnd(Ok(), finish_reason=finish, usage=usage, model=model,
                       fingerprint=fingerprint)
 
     async def _whole(self, rid: str, resp: aiohttp.ClientResponse, chat: bool,
-                     first_by: float) -> AsyncIterator[Chunk | _TryEnd]:
+                     first_by: float) -> AsyncIterator[Chunk | TryEnd]:
         """An upstream that ignored `stream: true` and sent one JSON body."""
         try:
             async with asyncio.timeout_at(first_by):
                 text = await resp.text()
         except TimeoutError:
-            yield _TryEnd(Failed("first_token_timeout", "the JSON body did not arrive in time"))
+            yield TryEnd(Failed("first_token_timeout", "the JSON body did not arrive in time"))
             return
         except aiohttp.ClientError as exc:
-            yield _TryEnd(Failed("stream_cut", self.scrub(f"{type(exc).__name__}: {exc}")))
+            yield TryEnd(Failed("stream_cut", self.scrub(f"{type(exc).__name__}: {exc}")))
             return
         try:
             got = sse.piece(sse.Event(text), chat)
         except sse.Malformed as exc:
-            yield _TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
+            yield TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
             return
         if got.error is not None or got.finish_reason is None:
-            yield _TryEnd(Failed("malformed_stream", "a JSON body without a finished choice"))
+            yield TryEnd(Failed("malformed_stream", "a JSON body without a finished choice"))
             return
         if got.text:
             yield Chunk(rid, got.text, 1, self.served + 1)
         usage = got.usage or Usage(0, 1 if got.text else 0)
-        yield _TryEnd(Ok(), finish_reason=got.finish_reason, usage=usage, model=got.model or "",
+        yield TryEnd(Ok(), finish_reason=got.finish_reason, usage=usage, model=got.model or "",
                       fingerprint=got.fingerprint or "")
 
-    async def _error_end(self, resp: aiohttp.ClientResponse, first_by: float) -> _TryEnd:
+    async def _error_end(self, resp: aiohttp.ClientResponse, first_by: float) -> TryEnd:
         status = resp.status
         retry_after = parse_retry_after({k.lower(): v for k, v in resp.headers.items()},
                                         time.time())
@@ -384,7 +369,7 @@ class HostedClient:
             raw = ""
         code, message = _error_fields(raw)
         message = self.scrub(message or resp.reason or f"HTTP {status}")
-        return _TryEnd(classify(status, code, message, self.name), retry_after)
+        return TryEnd(classify(status, code, message, self.name), retry_after)
 
 
 def _error_fields(raw: str) -> tuple[str, str]:

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from shared.config import RouteConfig, SeatConfig
+from shared.errors import CONTEXT_LENGTH
 from shared.protocol import Cancelled, Failed, Ok, Outcome, Rejected
-
-# The code of a rejection that a larger rung may still take (proxyd/hosted.py).
-CONTEXT_LENGTH = "context_length_exceeded"
 
 
 class Phase(StrEnum):

@@ -21,11 +21,9 @@ import zmq
 import zmq.asyncio
 
 from shared import protocol
-from shared.protocol import Chunk, Failed, Final, Generate, Pong, Started
+from shared.protocol import Chunk, Failed, Final, Generate, Pong, SeatFrame, Started
 
 log = structlog.get_logger()
-
-Frame = Started | Chunk | Final
 
 # How often an attempt waiting on its seat looks whether its client is still there.
 # A client that left must not keep a queue place, nor have a prompt prefilled for it:
@@ -54,7 +52,7 @@ class SeatClient:
         self.pong: Pong | None = None
         self.heard_at = 0.0
         self.bad_frames = 0
-        self._pending: dict[str, tuple[asyncio.Queue[Frame], int]] = {}
+        self._pending: dict[str, tuple[asyncio.Queue[SeatFrame], int]] = {}
         self._counter_waiters: list[asyncio.Future[dict[str, object]]] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -150,7 +148,7 @@ class SeatClient:
             reason = "not_ready" if self.alive else "worker_lost"
             yield Final(rid, Failed(reason, "seat not ready"), self.name, 0, 0)
             return
-        queue: asyncio.Queue[Frame] = asyncio.Queue()
+        queue: asyncio.Queue[SeatFrame] = asyncio.Queue()
         assert self.pong is not None
         self._pending[rid] = (queue, self.pong.incarnation)
         loop = asyncio.get_running_loop()

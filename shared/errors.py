@@ -19,6 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# The code of a rejection that a larger rung may still take: a hosted upstream whose
+# real context is smaller than configured says so (proxyd/hosted.py normalises the
+# many spellings to it), and the ladder moves on (proxyd/ladder.py).
+CONTEXT_LENGTH = "context_length_exceeded"
+
 
 class SanctumError(Exception):
     status = 500

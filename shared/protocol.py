@@ -191,6 +191,42 @@ class BadFrame(msgspec.Struct, frozen=True, tag="bad_frame"):
 
 Reply = Pong | Started | Chunk | Final | CountersReply | BadFrame
 
+# What one attempt on a local seat yields to the ladder (proxyd/seat_client.py).
+SeatFrame = Started | Chunk | Final
+
+
+# ---------------------------------------------------------------------------
+# Frames of a hosted rung (proxyd/hosted.py): they never leave the proxy, but the
+# ladder reads them beside a local seat's, so they live with them.
+
+
+class Retry(msgspec.Struct, frozen=True, tag="retry"):
+    """A failed try of a hosted rung that will be tried again after `delay_s`.
+
+    Not the rung's outcome (its `Final` still comes); the ladder lists it in
+    `X-Sanctum-Attempts` and counts it as a failed attempt, never as served.
+    """
+
+    request_id: str
+    outcome: Failed
+    delay_s: float
+
+
+class TryEnd(msgspec.Struct, frozen=True, tag="try_end"):
+    """How one try of a hosted rung ended; the rung decides whether to try again."""
+
+    outcome: Outcome
+    retry_after_s: float | None = None
+    finish_reason: str | None = None
+    usage: Usage = Usage()
+    model: str = ""
+    fingerprint: str = ""  # the upstream's system_fingerprint, passed on
+
+
+# What any rung's attempt yields to the ladder: a local seat's frames once started,
+# or a hosted rung's (with its retries).
+RungFrame = Chunk | Retry | Final
+
 
 # ---------------------------------------------------------------------------
 # seatd's control socket
