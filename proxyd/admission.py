@@ -10,7 +10,6 @@ still checks exactly before prefill, and `sanctum check` reports the model.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,24 +17,13 @@ import structlog
 
 from shared import caps
 from shared.builtin import resolve_model, tokenizer_hash
+from shared.caps import Verdict
 from shared.config import Config, SeatConfig, resolve_path
 from shared.errors import BadRequest
 from shared.prompt import load_tokenizer, prompt_ids
 from shared.protocol import Generate
 
 log = structlog.get_logger()
-
-
-@dataclass(frozen=True)
-class Verdict:
-    tokens: int | None  # None: not counted here (no tokenizer)
-    cap: int | None  # the proxy's cap for this rung
-    seat_cap: int | None
-    margin: int
-
-    @property
-    def admitted(self) -> bool:
-        return self.tokens is None or self.cap is None or caps.admits(self.tokens, self.cap)
 
 
 class Admission:

@@ -7,11 +7,11 @@ numbers through prometheus-client.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from shared.caps import summarise
@@ -63,15 +63,15 @@ class _Snapshot(Collector):
         self.proxy = proxy
         self.seats = seats
 
-    def collect(self):  # type: ignore[no-untyped-def]
+    def collect(self) -> Iterator[Metric]:
         for name, value in self.proxy.plain.items():
             fam = CounterMetricFamily(f"sanctum_proxy_{name}", f"proxy {name}")
             fam.add_metric([], value)
             yield fam
         for name, labels in LABELLED.items():
             fam = CounterMetricFamily(f"sanctum_proxy_{name}", f"proxy {name}", labels=list(labels))
-            for key, value in self.proxy.labelled[name].items():
-                fam.add_metric(list(key), value)
+            for label_values, value in self.proxy.labelled[name].items():
+                fam.add_metric(list(label_values), value)
             yield fam
         up = GaugeMetricFamily("sanctum_seat_up", "seat answered its counters", labels=["seat"])
         plain: dict[str, CounterMetricFamily] = {}

@@ -155,7 +155,7 @@ class HostedClient:
     # -- one request: tries until an answer, a give-up, or the deadline ---------
 
     async def frames(self, gen: Generate, first_token_s: float, stall_s: float,
-                     gone: Callable[[], bool] = lambda: False) -> AsyncIterator[RungFrame]:
+                     gone: Callable[[], bool] = lambda: False) -> AsyncGenerator[RungFrame, None]:
         """Tries until an answer, a give-up or the deadline; a client that went away
         (`gone()`) is never tried for again: the attempt ends `client_disconnected`."""
         rid = gen.request_id

@@ -2,6 +2,9 @@
 
     plan(route, seats, offbox_allowed) -> rungs          who may be tried, in order
     decide(outcome, phase) -> Step                        what one attempt's end means
+    breaker_verdict(outcome) -> Verdict                   what it tells the rung's circuit
+    conclude(attempts, plan, route) -> Conclusion         the error when no rung answered
+                                                          (proxyd/conclusion.py)
 
 Rules (DESIGN.md): fall back only on real failures and only before the commit
 point; a client error is returned as it is; a private request never reaches an
@@ -13,9 +16,11 @@ code as the fallback reason), and reaches the client only if no later rung answe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from shared.caps import Verdict
 from shared.config import RouteConfig, SeatConfig
 from shared.errors import CONTEXT_LENGTH
 from shared.protocol import Cancelled, Failed, Ok, Outcome, Rejected
@@ -36,7 +41,38 @@ class Step(StrEnum):
 
 @dataclass(frozen=True)
 class Skipped:
+    """A rung passed over without being called (over_cap, circuit_open)."""
+
     reason: str
+    # over_cap: the proxy's count against this rung's cap, for the 413 that names it
+    verdict: Verdict | None = None
+
+
+Attempt = tuple[str, Outcome | Skipped]
+
+# A seat whose queue is full, or that could not start a request in queue_timeout_s,
+# is busy: the request goes on down the ladder, and the seat's circuit is untouched.
+BUSY = frozenset({"queue_full", "queue_timeout"})
+# Failures that say nothing about the seat's health: its circuit neither opens nor closes.
+NOT_THE_SEATS_FAULT = frozenset({"client_disconnected", *BUSY})
+
+
+def is_busy(outcome: Outcome | Skipped) -> bool:
+    return isinstance(outcome, Failed) and outcome.reason in BUSY
+
+
+class Health(StrEnum):
+    """What an attempt's end tells its rung's circuit breaker."""
+
+    HEALTHY = "healthy"  # the seat worked (answered, or refused the request itself)
+    BROKEN = "broken"  # a real failure: counts toward opening the circuit
+    UNKNOWN = "unknown"  # busy or abandoned: the circuit is untouched (a probe is freed)
+
+
+def breaker_verdict(outcome: Outcome) -> Health:
+    if isinstance(outcome, Failed):
+        return Health.UNKNOWN if outcome.reason in NOT_THE_SEATS_FAULT else Health.BROKEN
+    return Health.HEALTHY
 
 
 def decide(outcome: Outcome, phase: Phase) -> Step:
@@ -70,7 +106,7 @@ def fallback_reason(outcome: Outcome) -> str:
     raise TypeError(f"not a fallback: {outcome!r}")
 
 
-def context_refusal(attempts: list[tuple[str, Outcome | Skipped]]) -> Rejected | None:
+def context_refusal(attempts: Sequence[Attempt]) -> Rejected | None:
     """The context-length rejection to answer with when no later rung answered."""
     for _, outcome in attempts:
         if isinstance(outcome, Rejected) and outcome.code == CONTEXT_LENGTH:
@@ -119,5 +155,5 @@ def outcome_label(outcome: Outcome | Skipped) -> str:
     raise TypeError(outcome)
 
 
-def attempts_header(attempts: list[tuple[str, Outcome | Skipped]]) -> str:
+def attempts_header(attempts: Sequence[Attempt]) -> str:
     return "; ".join(f"{seat}={outcome_label(o)}" for seat, o in attempts)

@@ -1,115 +1,159 @@
-"""OpenAI response bodies and SSE chunks, for chat and text completions."""
+"""The OpenAI front doors: chat and text completions render the ladder's events.
+
+    door.opening(answer)                     bytes after the headers (chat: the role chunk)
+    door.text(answer, text)                  one SSE chunk of committed text
+    door.closing(answer, finish, usage)      finish chunk, usage chunk when asked, [DONE]
+    door.body(answer, text, finish, usage)   the whole non-stream JSON body
+    door.error_event(message, code, extra)   a terminal SSE error event (no [DONE])
+
+A door decides nothing: the ladder (proxyd/journey.py) says what happened, the
+door says it in its API's format.  A new API is one more class with these methods.
+
+Text chunks are the hot path: each is a prefix and a suffix built once per answer
+(while its seat and fingerprint stay the same) around the JSON-encoded text, so a
+chunk costs one string encode, not a dict and a `json.dumps`.
+"""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Protocol
 
-Kind = Literal["chat", "completion"]
+import msgspec
 
+from proxyd.events import Answer
+from shared.protocol import Usage
 
-@dataclass
-class Answer:
-    """What the ladder learned about the answering attempt."""
-
-    request_id: str
-    kind: Kind
-    seat: str
-    created: int
-    served: int = 0
-    attempts: str = ""
-    speculation: str = "off"
-    # A hosted rung's upstream model, as the upstream named it; `model` stays the
-    # seat's name (DESIGN.md rule 4), this goes in the `sanctum` object.
-    upstream_model: str = ""
-    # The seat's system_fingerprint: changes exactly when a seeded answer's bytes can.
-    fingerprint: str = ""
-
-    @property
-    def id(self) -> str:
-        return ("chatcmpl-" if self.kind == "chat" else "cmpl-") + self.request_id
-
-    def sanctum(self) -> dict[str, Any]:
-        out = {"seat": self.seat, "served": self.served, "attempts": self.attempts,
-               "speculation": self.speculation, "request_id": self.request_id}
-        if self.upstream_model:
-            out["upstream_model"] = self.upstream_model
-        return out
-
-    def headers(self) -> dict[str, str]:
-        return {
-            "X-Sanctum-Seat": self.seat,
-            "X-Sanctum-Served": str(self.served),
-            "X-Sanctum-Attempts": self.attempts,
-            "X-Sanctum-Speculation": self.speculation,
-            "X-Request-Id": self.request_id,
-        }
-
-
-def usage_body(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-def full_body(a: Answer, text: str, finish: str | None, usage: dict[str, Any]) -> dict[str, Any]:
-    if a.kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text},
-                                  "finish_reason": finish, "logprobs": None}
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-        obj = "text_completion"
-    return {"id": a.id, "object": obj, "created": a.created, "model": a.seat,
-            "system_fingerprint": a.fingerprint or None, "choices": [choice], "usage": usage,
-            "sanctum": a.sanctum()}
-
-
-def _chunk(a: Answer, choices: list[dict[str, Any]], **extra: Any) -> bytes:
-    obj = "chat.completion.chunk" if a.kind == "chat" else "text_completion"
-    body = {"id": a.id, "object": obj, "created": a.created, "model": a.seat,
-            "system_fingerprint": a.fingerprint or None, "choices": choices}
-    body.update(extra)
-    return sse(body)
-
-
-def sse(body: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
-
-
+_encode = msgspec.json.encode
 DONE = b"data: [DONE]\n\n"
+# Splits a rendered chunk around its text; never appears in JSON-encoded text.
+_HOLE = "\x00hole\x00"
+_HOLE_JSON = _encode(_HOLE)
 
 
-def first_chunk(a: Answer) -> bytes:
-    if a.kind == "chat":
-        return _chunk(a, [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                           "finish_reason": None, "logprobs": None}])
-    return b""
+class Door(Protocol):
+    """What the plumbing (proxyd/front.py) needs from a front door."""
+
+    stream: bool
+
+    def opening(self, a: Answer) -> bytes: ...
+    def text(self, a: Answer, text: str) -> bytes: ...
+    def closing(self, a: Answer, finish: str | None, usage: Usage) -> bytes: ...
+    def body(self, a: Answer, text: str, finish: str | None, usage: Usage) -> bytes: ...
+    def error_event(self, message: str, code: str, extra: dict[str, Any]) -> bytes: ...
 
 
-def text_chunk(a: Answer, text: str) -> bytes:
-    if a.kind == "chat":
-        return _chunk(a, [{"index": 0, "delta": {"content": text}, "finish_reason": None,
-                           "logprobs": None}])
-    return _chunk(a, [{"index": 0, "text": text, "finish_reason": None, "logprobs": None}])
+def usage_body(u: Usage) -> dict[str, Any]:
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.prompt_tokens + u.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
-def last_chunks(a: Answer, finish: str | None, usage: dict[str, Any] | None) -> bytes:
-    """The finish chunk, the usage chunk when asked, and [DONE].  The last data
-    chunk carries the `sanctum` object."""
-    if a.kind == "chat":
-        choice: dict[str, Any] = {"index": 0, "delta": {}, "finish_reason": finish,
-                                  "logprobs": None}
-    else:
-        choice = {"index": 0, "text": "", "finish_reason": finish, "logprobs": None}
-    if usage is None:
-        return _chunk(a, [choice], sanctum=a.sanctum()) + DONE
-    return _chunk(a, [choice]) + _chunk(a, [], usage=usage, sanctum=a.sanctum()) + DONE
+def sse(body: Any) -> bytes:
+    return b"data: " + _encode(body) + b"\n\n"
 
 
-def error_event(message: str, code: str, **extra: Any) -> bytes:
+def error_event(message: str, code: str, extra: dict[str, Any]) -> bytes:
     """A terminal SSE error event: the stream ends here, with no [DONE]."""
-    error = {"message": message, "type": "server_error", "code": code}
-    error.update(extra)
-    return b"event: error\n" + sse({"error": error})
+    return b"event: error\n" + sse(
+        {"error": {"message": message, "type": "server_error", "code": code, **extra}})
+
+
+class _OpenAIDoor:
+    """What chat and text completions share: the chunk envelope and the usage chunk."""
+
+    prefix = ""  # of the response id
+    chunk_object = ""
+    body_object = ""
+
+    def __init__(self, stream: bool, include_usage: bool) -> None:
+        self.stream = stream
+        self.include_usage = include_usage
+        self._key: tuple[str, str] | None = None
+        self._around = (b"", b"")
+
+    def id(self, a: Answer) -> str:
+        return self.prefix + a.request_id
+
+    def envelope(self, a: Answer, choices: list[dict[str, Any]], obj: str) -> dict[str, Any]:
+        return {"id": self.id(a), "object": obj, "created": a.created, "model": a.seat,
+                "system_fingerprint": a.fingerprint or None, "choices": choices}
+
+    def chunk(self, a: Answer, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return sse({**self.envelope(a, choices, self.chunk_object), **extra})
+
+    def text_choice(self, text: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def text(self, a: Answer, text: str) -> bytes:
+        key = (a.seat, a.fingerprint)
+        if key != self._key:
+            whole = self.chunk(a, [self.text_choice(_HOLE)])
+            head, _, tail = whole.partition(_HOLE_JSON)
+            self._key, self._around = key, (head, tail)
+        head, tail = self._around
+        return head + _encode(text) + tail
+
+    def error_event(self, message: str, code: str, extra: dict[str, Any]) -> bytes:
+        return error_event(message, code, extra)
+
+    def finish_choice(self, finish: str | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def closing(self, a: Answer, finish: str | None, usage: Usage) -> bytes:
+        """The finish chunk, the usage chunk when asked, and [DONE].  The last data
+        chunk carries the `sanctum` object."""
+        last = [self.finish_choice(finish)]
+        if not self.include_usage:
+            return self.chunk(a, last, sanctum=a.sanctum()) + DONE
+        return (self.chunk(a, last)
+                + self.chunk(a, [], usage=usage_body(usage), sanctum=a.sanctum()) + DONE)
+
+    def message(self, text: str, finish: str | None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def body(self, a: Answer, text: str, finish: str | None, usage: Usage) -> bytes:
+        return _encode({**self.envelope(a, [self.message(text, finish)], self.body_object),
+                        "usage": usage_body(usage), "sanctum": a.sanctum()})
+
+
+class ChatDoor(_OpenAIDoor):
+    """POST /v1/chat/completions."""
+
+    prefix = "chatcmpl-"
+    chunk_object = "chat.completion.chunk"
+    body_object = "chat.completion"
+
+    def opening(self, a: Answer) -> bytes:
+        return self.chunk(a, [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                               "finish_reason": None, "logprobs": None}])
+
+    def text_choice(self, text: str) -> dict[str, Any]:
+        return {"index": 0, "delta": {"content": text}, "finish_reason": None,
+                "logprobs": None}
+
+    def finish_choice(self, finish: str | None) -> dict[str, Any]:
+        return {"index": 0, "delta": {}, "finish_reason": finish, "logprobs": None}
+
+    def message(self, text: str, finish: str | None) -> dict[str, Any]:
+        return {"index": 0, "message": {"role": "assistant", "content": text},
+                "finish_reason": finish, "logprobs": None}
+
+
+class CompletionDoor(_OpenAIDoor):
+    """POST /v1/completions."""
+
+    prefix = "cmpl-"
+    chunk_object = "text_completion"
+    body_object = "text_completion"
+
+    def opening(self, a: Answer) -> bytes:
+        return b""
+
+    def text_choice(self, text: str) -> dict[str, Any]:
+        return {"index": 0, "text": text, "finish_reason": None, "logprobs": None}
+
+    def finish_choice(self, finish: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": "", "finish_reason": finish, "logprobs": None}
+
+    def message(self, text: str, finish: str | None) -> dict[str, Any]:
+        return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}

@@ -12,15 +12,18 @@ its end cancels the request in the seat.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections import deque
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 import msgspec
 import structlog
 import zmq
 import zmq.asyncio
 
+from shared import clock as clocks
 from shared import protocol
+from shared.clock import Clock
 from shared.protocol import Chunk, Failed, Final, Generate, Pong, SeatFrame, Started
 
 log = structlog.get_logger()
@@ -35,10 +38,63 @@ def _never() -> bool:
     return False
 
 
+def is_alive(now: float, heard_at: float, heartbeat_s: float, liveness: int) -> bool:
+    """Heard from within `liveness` heartbeats (any message counts)."""
+    return now - heard_at <= heartbeat_s * liveness
+
+
+def overdue(reason: str, timeout_s: float, alive: bool) -> Failed:
+    """How an attempt ends when its clock ran out: a seat that also stopped
+    heartbeating is lost (never merely busy); otherwise the clock's own reason."""
+    if not alive:
+        return Failed("worker_lost", "no heartbeat")
+    said = (f"still queued after {timeout_s:g}s" if reason == "queue_timeout"
+            else f"no frame for {timeout_s:g}s")
+    return Failed(reason, said)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class Inbox:
+    """One attempt's frames, in order: the reader puts, the attempt takes with a timeout.
+    Lighter than `asyncio.wait_for(queue.get())`, which wraps every get in a task."""
+
+    __slots__ = ("frames", "incarnation", "waiter")
+
+    def __init__(self, incarnation: int) -> None:
+        self.frames: deque[SeatFrame] = deque()
+        self.incarnation = incarnation
+        self.waiter: asyncio.Future[None] | None = None
+
+    def put(self, frame: SeatFrame) -> None:
+        self.frames.append(frame)
+        if self.waiter is not None:
+            _wake(self.waiter)
+
+    async def get(self, timeout_s: float) -> SeatFrame | None:
+        """The next frame, or None after `timeout_s` of real time without one."""
+        if self.frames:
+            return self.frames.popleft()
+        loop = asyncio.get_running_loop()
+        waiter = self.waiter = loop.create_future()
+        handle = loop.call_later(timeout_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            handle.cancel()
+            self.waiter = None
+        return self.frames.popleft() if self.frames else None
+
+
 class SeatClient:
     def __init__(self, name: str, endpoint: str, ctx: zmq.asyncio.Context,
-                 heartbeat_s: float = 1.0, liveness: int = 3, queue_s: float = 120.0) -> None:
+                 heartbeat_s: float = 1.0, liveness: int = 3, queue_s: float = 120.0,
+                 clock: Clock = clocks.monotonic) -> None:
         self.name = name
+        self.clock = clock
         self.endpoint = endpoint
         self.heartbeat_s = heartbeat_s
         self.liveness = liveness
@@ -52,7 +108,7 @@ class SeatClient:
         self.pong: Pong | None = None
         self.heard_at = 0.0
         self.bad_frames = 0
-        self._pending: dict[str, tuple[asyncio.Queue[SeatFrame], int]] = {}
+        self._pending: dict[str, Inbox] = {}
         self._counter_waiters: list[asyncio.Future[dict[str, object]]] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -60,16 +116,16 @@ class SeatClient:
 
     @property
     def alive(self) -> bool:
-        return time.monotonic() - self.heard_at <= self.heartbeat_s * self.liveness
+        return is_alive(self.clock(), self.heard_at, self.heartbeat_s, self.liveness)
 
     @property
     def ready(self) -> bool:
         return self.alive and self.pong is not None and self.pong.ready
 
     def _lose_all(self, reason: str, only_incarnation: int | None = None) -> None:
-        for rid, (queue, incarnation) in list(self._pending.items()):
-            if only_incarnation is None or incarnation == only_incarnation:
-                queue.put_nowait(Final(rid, Failed(reason), self.name, 0, incarnation))
+        for rid, inbox in list(self._pending.items()):
+            if only_incarnation is None or inbox.incarnation == only_incarnation:
+                inbox.put(Final(rid, Failed(reason), self.name, 0, inbox.incarnation))
 
     # -- background tasks -------------------------------------------------
 
@@ -88,7 +144,8 @@ class SeatClient:
         A non-blocking send on an asyncio socket completes at once: its future
         holds `zmq.Again` when no worker is connected (IMMEDIATE is set).
         """
-        fut = self.sock.send(protocol.encode(message), zmq.NOBLOCK)
+        fut: asyncio.Future[Any] = self.sock.send(  # type: ignore[assignment]
+            protocol.encode(message), zmq.NOBLOCK)  # pyzmq types it as any Awaitable
         if fut.done():
             return fut.exception() is None
         fut.add_done_callback(lambda f: f.exception())
@@ -96,7 +153,7 @@ class SeatClient:
 
     async def _beat(self) -> None:
         while True:
-            self._send(protocol.Ping(sent_at=time.monotonic()))
+            self._send(protocol.Ping(sent_at=self.clock()))
             await asyncio.sleep(self.heartbeat_s)
             if self._pending and not self.alive:
                 self._lose_all("worker_lost")
@@ -110,7 +167,7 @@ class SeatClient:
                 self.bad_frames += 1
                 log.warning("bad_frame_from_seat", seat=self.name, error=str(exc))
                 continue
-            self.heard_at = time.monotonic()
+            self.heard_at = self.clock()
             match reply:
                 case Pong():
                     old = self.pong
@@ -119,9 +176,9 @@ class SeatClient:
                         # Whatever the old incarnation was doing is gone with it.
                         self._lose_all("worker_lost", only_incarnation=old.incarnation)
                 case Started(request_id=rid) | Chunk(request_id=rid) | Final(request_id=rid):
-                    entry = self._pending.get(rid)
-                    if entry is not None:
-                        entry[0].put_nowait(reply)
+                    inbox = self._pending.get(rid)
+                    if inbox is not None:
+                        inbox.put(reply)
                 case protocol.CountersReply(counters=counters):
                     waiters, self._counter_waiters = self._counter_waiters, []
                     for fut in waiters:
@@ -133,7 +190,7 @@ class SeatClient:
     # -- requests ---------------------------------------------------------
 
     async def frames(self, request: Generate, first_token_s: float, stall_s: float,
-                     gone: Callable[[], bool] = _never) -> AsyncIterator[Chunk | Final]:
+                     gone: Callable[[], bool] = _never) -> AsyncGenerator[Chunk | Final, None]:
         """Send `request` and yield its chunks and Final; a lost or silent seat yields a
         failed Final, and so does a client that went away (`gone()`, looked at every
         GONE_POLL_S while waiting): `client_disconnected`.
@@ -148,10 +205,9 @@ class SeatClient:
             reason = "not_ready" if self.alive else "worker_lost"
             yield Final(rid, Failed(reason, "seat not ready"), self.name, 0, 0)
             return
-        queue: asyncio.Queue[SeatFrame] = asyncio.Queue()
         assert self.pong is not None
-        self._pending[rid] = (queue, self.pong.incarnation)
-        loop = asyncio.get_running_loop()
+        inbox = self._pending[rid] = Inbox(self.pong.incarnation)
+        now = self.clock
         finished = False
         try:
             if not self._send(request):
@@ -159,38 +215,36 @@ class SeatClient:
                 finished = True
                 return
             timeout, reason = self.queue_s, "queue_timeout"
-            deadline = loop.time() + timeout
+            deadline = now() + timeout
             while True:
-                if gone():
-                    yield Final(rid, Failed("client_disconnected", "the client went away"),
-                                self.name, 0, 0)
-                    return
-                try:
-                    wait = min(max(deadline - loop.time(), 0.0), GONE_POLL_S)
-                    frame = await asyncio.wait_for(queue.get(), wait)
-                except TimeoutError:
-                    if loop.time() < deadline:
-                        continue
-                    if not self.alive:  # silent because it is gone, not because it is busy
-                        yield Final(rid, Failed("worker_lost", "no heartbeat"), self.name, 0, 0)
+                frame = inbox.frames.popleft() if inbox.frames else None
+                if frame is None:
+                    if gone():
+                        yield Final(rid, Failed("client_disconnected", "the client went away"),
+                                    self.name, 0, 0)
                         return
-                    said = (f"still queued after {timeout:g}s" if reason == "queue_timeout"
-                            else f"no frame for {timeout:g}s")
-                    yield Final(rid, Failed(reason, said), self.name, 0, 0)
-                    return
+                    left = deadline - now()
+                    if left <= 0:
+                        yield Final(rid, overdue(reason, timeout, self.alive), self.name, 0, 0)
+                        return
+                    frame = await inbox.get(min(left, GONE_POLL_S))
+                    if frame is None:
+                        continue
+                if type(frame) is Chunk:
+                    yield frame
+                    timeout, reason = stall_s, "stall_timeout"
+                    deadline = now() + timeout
+                    continue
                 if isinstance(frame, Started):
                     timeout, reason = first_token_s, "first_token_timeout"
-                    deadline = loop.time() + timeout
+                    deadline = now() + timeout
                     continue
-                if isinstance(frame, Final):
-                    # A seat that sent its own Final is done; a lost one may be hung.
-                    outcome = frame.outcome
-                    finished = not (isinstance(outcome, Failed) and outcome.reason == "worker_lost")
-                    yield frame
-                    return
+                assert isinstance(frame, Final)
+                # A seat that sent its own Final is done; a lost one may be hung.
+                outcome = frame.outcome
+                finished = not (isinstance(outcome, Failed) and outcome.reason == "worker_lost")
                 yield frame
-                timeout, reason = stall_s, "stall_timeout"
-                deadline = loop.time() + timeout
+                return
         finally:
             self._pending.pop(rid, None)
             if not finished:

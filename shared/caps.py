@@ -37,6 +37,20 @@ def admits(tokens: int, cap: int) -> bool:
     return tokens <= cap
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """One rung's admission of one prompt: the proxy's count against the proxy's cap."""
+
+    tokens: int | None  # None: not counted here (no tokenizer)
+    cap: int | None  # the proxy's cap for this rung
+    seat_cap: int | None
+    margin: int
+
+    @property
+    def admitted(self) -> bool:
+        return self.tokens is None or self.cap is None or admits(self.tokens, self.cap)
+
+
 def hosted_estimate(texts: list[str]) -> int:
     """An upper bound on the tokens of a prompt for a tokenizer we do not have."""
     return sum(len(t.encode("utf-8")) for t in texts) + HOSTED_TOKENS_PER_MESSAGE * len(texts)

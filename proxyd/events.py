@@ -1,0 +1,79 @@
+"""What the ladder tells a front door, as typed events (proxyd/journey.py yields them).
+
+    Commit(answer)                      the answer begins: headers may go (streams only)
+    Text(text)                          committed text, in order (streams only)
+    Done(answer, text, finish, usage)   the answer is complete; `text` is all of it for a
+                                        non-stream request, empty for a stream
+    Abort(message, code, seat, attempts)  a begun stream cannot be finished: it ends
+                                        with a terminal error, never a short "complete"
+
+A request that no rung answered before commit ends with a `SanctumError` raised
+from the ladder instead (proxyd/conclusion.py), which the error middleware
+renders.  Each front door (proxyd/responses.py for the OpenAI formats) renders
+these events in its own API's shape; none of them decides anything.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared.protocol import Usage
+
+
+class Answer(msgspec.Struct):
+    """What the ladder learned about the answering attempt (mutable while it streams)."""
+
+    request_id: str
+    seat: str
+    created: int
+    served: int = 0
+    attempts: str = ""
+    speculation: str = "off"
+    # A hosted rung's upstream model, as the upstream named it; the answer is named
+    # after the seat (DESIGN.md rule 4), this goes in the `sanctum` object.
+    upstream_model: str = ""
+    # The seat's system_fingerprint: changes exactly when a seeded answer's bytes can.
+    fingerprint: str = ""
+
+    def sanctum(self) -> dict[str, str | int]:
+        out: dict[str, str | int] = {"seat": self.seat, "served": self.served,
+                                     "attempts": self.attempts,
+                                     "speculation": self.speculation,
+                                     "request_id": self.request_id}
+        if self.upstream_model:
+            out["upstream_model"] = self.upstream_model
+        return out
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "X-Sanctum-Seat": self.seat,
+            "X-Sanctum-Served": str(self.served),
+            "X-Sanctum-Attempts": self.attempts,
+            "X-Sanctum-Speculation": self.speculation,
+            "X-Request-Id": self.request_id,
+        }
+
+
+class Commit(msgspec.Struct, frozen=True):
+    answer: Answer
+
+
+class Text(msgspec.Struct, frozen=True):
+    text: str
+
+
+class Done(msgspec.Struct, frozen=True):
+    answer: Answer
+    text: str
+    finish_reason: str | None
+    usage: Usage
+
+
+class Abort(msgspec.Struct, frozen=True):
+    message: str
+    code: str
+    seat: str
+    attempts: str = ""
+
+
+Event = Commit | Text | Done | Abort

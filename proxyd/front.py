@@ -1,0 +1,104 @@
+"""Plumbing between a front door and the ladder: events in, bytes out.
+
+    serve(request, proxy, door, route, gen) -> web.StreamResponse
+
+The journey (proxyd/journey.py) decides; the door (proxyd/responses.py)
+renders; this writes.  Response headers are sent only at the commit point (the
+answering seat's first text, or its whole answer), so `X-Sanctum-Seat` and
+`X-Sanctum-Attempts` are true when they leave.  A write that fails, or a client
+whose transport is closing, ends the journey as a departure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+from aiohttp import web
+
+from proxyd.events import Abort, Answer, Commit, Done, Text
+from proxyd.journey import Journey
+from proxyd.proxy import Proxy
+from proxyd.responses import Door
+from shared.config import RouteConfig
+from shared.protocol import Generate
+
+STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+
+
+def gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
+
+
+async def _write(response: web.StreamResponse, data: bytes) -> bool:
+    try:
+        await response.write(data)
+        return True
+    except (ConnectionError, RuntimeError):
+        return False
+
+
+async def _commit(request: web.Request, door: Door, answer: Answer) -> web.StreamResponse | None:
+    """Send the headers (and the door's opening chunk, if it has one); None when the
+    client is already gone."""
+    response = web.StreamResponse(headers={**STREAM_HEADERS, **answer.headers()})
+    try:
+        await response.prepare(request)
+    except ConnectionError:
+        return None
+    first = door.opening(answer)
+    if first:
+        await _write(response, first)
+    return response
+
+
+async def serve(request: web.Request, proxy: Proxy, door: Door, route: RouteConfig,
+                gen: Generate) -> web.StreamResponse:
+    journey = Journey(proxy, route, gen, request.headers.get("X-Sanctum-Offbox"),
+                      lambda: gone(request))
+    response: web.StreamResponse | None = None
+    answer: Answer | None = None
+    try:
+        async with aclosing(journey.events()) as events:
+            async for event in events:
+                if type(event) is Text:
+                    assert response is not None and answer is not None
+                    if gone(request) or not await _write(response, door.text(answer, event.text)):
+                        journey.left()
+                        return response
+                elif isinstance(event, Commit):
+                    answer = event.answer
+                    response = await _commit(request, door, answer)
+                    if response is None:
+                        journey.left()
+                        return web.Response(status=499)
+                elif isinstance(event, Done):
+                    a = event.answer
+                    if not door.stream:
+                        return web.Response(body=door.body(a, event.text, event.finish_reason,
+                                                           event.usage),
+                                            content_type="application/json",
+                                            headers=a.headers())
+                    if response is None:
+                        response = await _commit(request, door, a)
+                        if response is None:  # answered, but its client left meanwhile
+                            proxy.counters.inc("client_disconnects")
+                            return web.Response(status=499)
+                    await _write(response, door.closing(a, event.finish_reason, event.usage))
+                    return response
+                elif isinstance(event, Abort):
+                    assert response is not None
+                    await _write(response, door.error_event(
+                        event.message, event.code,
+                        {"seat": event.seat, "attempts": event.attempts}))
+                    return response
+    except asyncio.CancelledError:
+        # The proxy is stopping past its drain: end a begun answer honestly.
+        if response is not None:
+            proxy.counters.inc("midstream_aborts")
+            await _write(response, door.error_event(
+                "the proxy stopped before the answer was complete", "proxy_shutdown",
+                {"seat": journey.seat}))
+        raise
+    return response or web.Response(status=499)
