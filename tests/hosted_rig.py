@@ -17,8 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared.clock import ManualClock
 from tests.fakes.fake_upstream import FakeUpstream
 from tests.procs import assert_gone, free_port, http
+from tests.proxy_thread import ProxyThread
 
 KEY_ENV = "SANCTUM_TEST_HOSTED_KEY"
 KEY = "sk-test-9f8e7d6c5b4a39281706f5e4d3c2b1a0"
@@ -57,7 +59,8 @@ ladder = ["primary", "backup"]
 class HostedRig:
     def __init__(self, primary: list[str] | None = None, backup: list[str] | None = None,
                  cooldown: float = 30.0, first_token: float = 1.0, stall: float = 0.8,
-                 extra_seats: str = "") -> None:
+                 extra_seats: str = "", clock: ManualClock | None = None) -> None:
+        """`clock`: run proxyd in this process on that clock (tests/proxy_thread.py)."""
         self.dir = Path(tempfile.mkdtemp(prefix="hrig-", dir="/tmp"))
         self.port = free_port()
         self.primary = FakeUpstream(primary, answer="primary says hi", model="primary-v2")
@@ -71,9 +74,16 @@ class HostedRig:
                                              seats=seats + extra_seats))
         self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.dir / "s"), **{KEY_ENV: KEY})
         self.log = self.dir / "proxy.log"
-        self.proxy = subprocess.Popen(
-            [sys.executable, "-m", "sanctum.cli", "proxyd", "--config", str(self.config)],
-            env=self.env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
+        self.proxy: subprocess.Popen[bytes] | ProxyThread
+        self.pids: set[int] = set()
+        if clock is not None:
+            self.proxy = ProxyThread(self.config, {"SANCTUM_STATE_DIR": str(self.dir / "s"),
+                                                   KEY_ENV: KEY}, self.log, clock)
+        else:
+            self.proxy = subprocess.Popen(
+                [sys.executable, "-m", "sanctum.cli", "proxyd", "--config", str(self.config)],
+                env=self.env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT)
+            self.pids.add(self.proxy.pid)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -116,7 +126,7 @@ class HostedRig:
             self.proxy.wait()
         self.primary.stop()
         self.backup.stop()
-        assert_gone({self.proxy.pid}, timeout=10)
+        assert_gone(self.pids, timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -13,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from shared.clock import ManualClock
 from tests.fakes.fake_upstream import FakeUpstream
 from tests.procs import assert_gone, free_port, http
+from tests.proxy_thread import ProxyThread
 
 RIG_CONFIG = """
 [proxy]
@@ -67,7 +69,9 @@ offbox = "header"
 
 class Rig:
     def __init__(self, modes: dict[str, str], tokens: int = 8, cooldown: float = 30.0,
-                 upstream_script: list[str] | None = None) -> None:
+                 upstream_script: list[str] | None = None,
+                 clock: ManualClock | None = None) -> None:
+        """`clock`: run proxyd in this process on that clock (tests/proxy_thread.py)."""
         self.dir = Path(tempfile.mkdtemp(prefix="rig-", dir="/tmp"))
         self.state = self.dir / "s"
         self.state.mkdir()
@@ -81,10 +85,16 @@ class Rig:
         self.pids: set[int] = set()
         for name, mode in modes.items():
             self.start_fake(name, mode)
-        self.proxy = subprocess.Popen(
-            [sys.executable, "-m", "sanctum.cli", "proxyd", "--config", str(self.dir / "c.toml")],
-            env=self.env, stdout=open(self.dir / "proxy.log", "wb"), stderr=subprocess.STDOUT)
-        self.pids.add(self.proxy.pid)
+        self.proxy: subprocess.Popen[bytes] | ProxyThread
+        if clock is not None:
+            self.proxy = ProxyThread(self.dir / "c.toml", {"SANCTUM_STATE_DIR": str(self.state)},
+                                     self.dir / "proxy.log", clock)
+        else:
+            self.proxy = subprocess.Popen(
+                [sys.executable, "-m", "sanctum.cli", "proxyd", "--config",
+                 str(self.dir / "c.toml")],
+                env=self.env, stdout=open(self.dir / "proxy.log", "wb"), stderr=subprocess.STDOUT)
+            self.pids.add(self.proxy.pid)
         self.wait_health(lambda h: all(h["seats"][n]["alive"] for n in modes))
 
     @property

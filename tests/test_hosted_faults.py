@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from shared.clock import ManualClock
 from tests.hosted_rig import (
     KEY,
     HostedRig,
@@ -366,7 +367,8 @@ def test_401_with_echoed_key_falls_back_and_the_key_never_leaks(make_rig: MakeRi
 def test_primary_down_then_recovers_closes_its_circuit(make_rig: MakeRig) -> None:
     """Three failed requests open primary's circuit; while open it is skipped (not called);
     after the cool-down one probe goes to it, and when it answers the circuit closes."""
-    rig = make_rig(primary=["status:500"], cooldown=1.5)
+    clock = ManualClock()
+    rig = make_rig(primary=["status:500"], cooldown=1.5, clock=clock)
     for i in range(3):
         code, headers, raw = rig.chat()
         assert code == 200 and text_of(raw) == BACKUP
@@ -377,7 +379,7 @@ def test_primary_down_then_recovers_closes_its_circuit(make_rig: MakeRig) -> Non
     assert headers["X-Sanctum-Attempts"] == "primary=skipped:circuit_open; backup=ok"
     assert rig.tries() == (9, 4)
     rig.primary.set_script(["ok"])  # the provider recovers
-    time.sleep(1.6)
+    clock.advance(1.6)
     code, headers, raw = rig.chat()
     assert code == 200 and text_of(raw) == PRIMARY
     assert headers["X-Sanctum-Attempts"] == "primary=ok"
@@ -393,11 +395,12 @@ def test_primary_down_then_recovers_closes_its_circuit(make_rig: MakeRig) -> Non
 
 def test_half_open_admits_one_probe(make_rig: MakeRig) -> None:
     """Half-open, the primary gets one probe; a request beside it goes to the backup."""
-    rig = make_rig(primary=["status:500"], cooldown=1.0, first_token=3.0)
+    clock = ManualClock()
+    rig = make_rig(primary=["status:500"], cooldown=1.0, first_token=3.0, clock=clock)
     for _ in range(3):
         rig.chat()
     rig.primary.set_script(["slow_first:1.5"])
-    time.sleep(1.1)
+    clock.advance(1.1)
     results: dict[str, str] = {}
     before = len(rig.primary.requests)
 

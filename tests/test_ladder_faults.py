@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from shared.clock import ManualClock
 from tests.procs import http
 from tests.rig import Rig
 
@@ -272,15 +273,20 @@ def test_header_opt_in(make_rig) -> None:
 
 def test_circuit_opens_on_real_failures_and_recovers(make_rig) -> None:
     """Three real failures open brain's circuit; it is skipped, probed after cool-down, closed."""
-    rig = make_rig(modes={"brain": "internal_error", "coder": "ok"}, cooldown=1.0)
+    clock = ManualClock()
+    rig = make_rig(modes={"brain": "internal_error", "coder": "ok"}, cooldown=1.0, clock=clock)
     for _ in range(3):
         assert chat(rig)[1]["X-Sanctum-Attempts"] == "brain=failed:internal_error; coder=ok"
     _, headers, _ = chat(rig)
     assert headers["X-Sanctum-Attempts"] == "brain=skipped:circuit_open; coder=ok"
     assert len(rig.events("brain", "generate")) == 3
     rig.start_fake("brain", "ok")
-    rig.wait_health(lambda h: h["seats"]["brain"]["ready"])
-    time.sleep(1.1)
+    clock.advance(0.9)  # not yet cooled down
+    rig.wait_health(lambda h: h["seats"]["brain"]["ready"] and h["seats"]["coder"]["ready"])
+    assert chat(rig)[1]["X-Sanctum-Attempts"] == "brain=skipped:circuit_open; coder=ok"
+    clock.advance(0.2)
+    # A moved clock makes every seat's last pong look old until its next one comes.
+    rig.wait_health(lambda h: h["seats"]["brain"]["ready"] and h["seats"]["coder"]["ready"])
     _, headers, _ = chat(rig)
     assert headers["X-Sanctum-Attempts"] == "brain=ok"
     assert rig.counters()["proxy"]["circuits"]["brain"] == "closed"

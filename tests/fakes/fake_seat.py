@@ -83,9 +83,10 @@ def main() -> None:
         nonlocal served
         served += 1
         speculation = "declined:no_drafter" if args.mode == "decline" else "off"
+        # Noted before it is sent: a test that reads the log after its answer sees it.
+        note(event="final", request_id=rid, served=served, tokens=n)
         send(identity, Final(rid, Ok(), args.name, served, incarnation, "length",
                              Usage(5, n), speculation))
-        note(event="final", request_id=rid, served=served, tokens=n)
 
     def on_term(*_: object) -> None:
         nonlocal stop
