@@ -1,6 +1,6 @@
 """`sanctum bench`: run comparisons, store their results, render the report.
 
-    sanctum bench run [stack|mlx-server|proxy|spec|cache|rollback|rules|flips|all] ...
+    sanctum bench run [stack|mlx-server|proxy|spec|cache|rollback|rules|flips|batching|all] ...
     sanctum bench report        docs/BENCHMARKS.md and plots from the stored results
     sanctum bench load          N concurrent clients against `sanctum up`
 
@@ -52,11 +52,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     ensure_worker_blas()
     # A TERM unwinds like Ctrl-C, so every server this run started is stopped.
     signal.signal(signal.SIGTERM, _interrupt)
-    opts = Options(model=args.model, drafter=args.drafter, rounds=args.rounds,
-                   warmup=args.warmup, tokens=args.tokens, seed=args.seed,
+    d = Options()
+    # --clients: concurrency levels (batching); the proxy comparison takes the last one.
+    levels = tuple(int(c) for c in args.clients.split(",") if c) if args.clients else ()
+    opts = Options(model=args.model, drafter=args.drafter, rounds=args.rounds or d.rounds,
+                   warmup=args.warmup, tokens=args.tokens or d.tokens, seed=args.seed,
                    temperature=args.temperature, requests=args.requests,
-                   clients=args.clients, seconds=args.seconds,
-                   flip_tokens=args.flip_tokens)
+                   clients=levels[-1] if levels else d.clients, seconds=args.seconds,
+                   flip_tokens=args.flip_tokens,
+                   batch_clients=levels or d.batch_clients,
+                   batch_rounds=args.rounds or d.batch_rounds,
+                   batch_tokens=args.tokens or d.batch_tokens)
     depth = None if args.draft_depth == "adaptive" else int(args.draft_depth)
     opts.draft_depth = depth
     opts.workloads = tuple(w for w in args.workloads.split(",") if w)
@@ -66,6 +72,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"sanctum bench: {name}", file=sys.stderr, flush=True)
         run = COMPARISONS[name](opts)
         stem = spec_stem(opts) if name == "spec" else name
+        if name == "batching":
+            from sanctum.bench.batching import stem as batching_stem
+
+            stem = batching_stem(opts)
         save_run(run, out / f"{stem}.json")
         if run.not_measurable:
             print(f"  not measurable: {run.not_measurable}", file=sys.stderr)
@@ -116,9 +126,13 @@ def add_bench(sub: Any) -> None:
     run.add_argument("comparison", choices=[*COMPARISONS, "all"])
     run.add_argument("--model", default=d.model, help="model directory or builtin:NAME")
     run.add_argument("--drafter", default=d.drafter)
-    run.add_argument("--rounds", type=int, default=d.rounds, help="rounds, warm-up included")
+    run.add_argument("--rounds", type=int, default=None,
+                     help=f"rounds, warm-up included (default {d.rounds}; batching "
+                     f"{d.batch_rounds})")
     run.add_argument("--warmup", type=int, default=d.warmup, help="warm-up rounds, not reported")
-    run.add_argument("--tokens", type=int, default=d.tokens, help="new tokens per request")
+    run.add_argument("--tokens", type=int, default=None,
+                     help=f"new tokens per request (default {d.tokens}; batching "
+                     f"{d.batch_tokens})")
     run.add_argument("--seed", type=int, default=d.seed, help="decides which arm starts")
     run.add_argument("--temperature", type=float, default=d.temperature)
     run.add_argument("--workloads", default="",
@@ -129,8 +143,10 @@ def add_bench(sub: Any) -> None:
                      "a depth other than the default is stored as spec-dN.json")
     run.add_argument("--requests", type=int, default=d.requests,
                      help="proxy overhead: requests per slot")
-    run.add_argument("--clients", type=int, default=d.clients,
-                     help="proxy overhead: concurrent clients for requests/s")
+    run.add_argument("--clients", default=None,
+                     help="batching: comma-separated concurrency levels (default "
+                     f"{','.join(map(str, d.batch_clients))}); proxy overhead: concurrent "
+                     f"clients for requests/s (the last level; default {d.clients})")
     run.add_argument("--seconds", type=float, default=d.seconds,
                      help="proxy overhead: seconds per requests/s slot")
     run.add_argument("--flip-tokens", type=int, default=d.flip_tokens,

@@ -8,6 +8,8 @@ stops everything, and returns a `Run` (stored as JSON, rendered by report.py).
     cache      prompt cache on  vs  off, for turn N of a conversation
     rollback   verify rounds on a hybrid model, recorded and rolled back  vs  unrecorded
     rules      keyed  vs  rejection sampling  vs  plain on one seat (sanctum.bench.rules)
+    batching   concurrent clients on our seat  vs  mlx_lm.server batching, 1 to 16 clients,
+               and a long prompt among decoding rows (sanctum.bench.batching)
     flips      not a speed comparison: where speculative answers leave plain ones
                (sanctum.bench.flips; nothing to interleave)
 """
@@ -54,6 +56,11 @@ class Options:
     seconds: float = 3.0
     # float flips: new tokens per answer (long answers: a flip can happen anywhere)
     flip_tokens: int = 256
+    # concurrent clients (batching): its own defaults, so that a default run stays near
+    # ten minutes on a 2-core machine; --clients, --rounds and --tokens set them
+    batch_clients: tuple[int, ...] = (1, 2, 4, 8, 16)
+    batch_rounds: int = 3
+    batch_tokens: int = 96
     verbose: bool = True
 
 
@@ -499,7 +506,13 @@ def flips(opts: Options) -> Run:
     return run_flips(opts)
 
 
+def batching(opts: Options) -> Run:
+    from sanctum.bench.batching import batching as run_batching
+
+    return run_batching(opts)
+
+
 COMPARISONS: dict[str, Callable[[Options], Run]] = {
     "stack": stack, "mlx-server": mlx_server, "proxy": proxy, "spec": spec, "cache": cache,
-    "rollback": rollback, "rules": rules, "flips": flips,
+    "rollback": rollback, "rules": rules, "flips": flips, "batching": batching,
 }

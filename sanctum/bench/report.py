@@ -24,7 +24,8 @@ from sanctum.bench.stats import (
     summarize,
 )
 
-ORDER = ["stack", "mlx-server", "proxy", "spec", "cache", "rollback", "rules", "flips"]
+ORDER = ["stack", "mlx-server", "proxy", "spec", "cache", "rollback", "rules", "flips",
+         "batching"]
 SECTION = {
     "stack": "1. Our stack against the same model in-process",
     "mlx-server": "2. Our stack against mlx_lm.server",
@@ -34,6 +35,7 @@ SECTION = {
     "rollback": "6. Rolling back a hybrid model's recurrent layers",
     "rules": "7. Sampling rules: keyed, rejection and plain",
     "flips": "8. Float flips: speculative against plain answers",
+    "batching": "9. Concurrent clients: our seat against mlx_lm.server batching",
 }
 # Which figures each comparison reports, and its goals (speed ratio, arm over baseline).
 SHOWN = {
@@ -83,6 +85,10 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
         from sanctum.bench.rules import headline as rules_headline
 
         return rules_headline(run)
+    if run.comparison == "batching":
+        from sanctum.bench.batching import headline as batching_headline
+
+        return batching_headline(run)
     if run.comparison == "rollback":
         r = pair_ratios(run.samples, "round_s", arm, base)
         if r:
@@ -284,6 +290,10 @@ def section(run: Run, plot: str | None, name: str | None = None) -> list[str]:
         from sanctum.bench.rules import table as rules_table
 
         lines += [*rules_table(run), ""]
+    elif run.comparison == "batching":
+        from sanctum.bench.batching import table as batching_table
+
+        lines += [*batching_table(run), ""]
     else:
         lines += [*_table(run, warnings), ""]
     lines += spec_against_mlx(run)
@@ -307,6 +317,10 @@ def plot_run(run: Run, path: Path) -> bool:
         from sanctum.bench.rules import plot as rules_plot
 
         return rules_plot(run, path, plt)
+    if run.comparison == "batching":
+        from sanctum.bench.batching import plot as batching_plot
+
+        return batching_plot(run, path, plt)
     arm, base = _other(run), run.baseline
     figs = [f for f in SHOWN.get(run.comparison, []) if f in FIGURES]
     figs = [f for f in figs if any(pair_ratios(run.samples, f, arm, base, w)
@@ -363,7 +377,7 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
                "|---|---|---|---|"]
     body: list[str] = []
     names = [n for o in ORDER for n in ([o, *sorted(k for k in runs if k.startswith(o + "-"))]
-                                         if o == "spec" else [o])]
+                                         if o in ("spec", "batching") else [o])]
     for name in names:
         run = runs.get(name)
         if run is None:

@@ -36,6 +36,12 @@ FIGURES: dict[str, tuple[str, bool]] = {
     "per_token_p99_s": ("s", False),
     "round_s": ("s", False),
     "rollback_s": ("s", False),
+    "agg_tps": ("tok/s", True),
+    "ttft_p50_s": ("s", False),
+    "ttft_p99_s": ("s", False),
+    "itl_p50_s": ("s", False),
+    "itl_p99_s": ("s", False),
+    "slowest_s": ("s", False),
 }
 
 

@@ -1,0 +1,182 @@
+"""The concurrent-clients benchmark: its figures from chunk times, who gets a seed, and a
+whole interleaved run against fake servers rendered into the report."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from sanctum.bench.batching import MLX, OURS, best_of_ratios, scaling
+from sanctum.bench.concurrent import (
+    PREFILL,
+    ConcurrentArm,
+    Stream,
+    assign,
+    chunk_text,
+    concurrency_figures,
+    gaps,
+    prefill_figures,
+    request_body,
+)
+from sanctum.bench.report import render
+from sanctum.bench.results import ArmInfo, Run
+from sanctum.bench.runner import run_schedule
+from sanctum.bench.schedule import make_schedule
+from sanctum.bench.stats import check_interleaved
+from sanctum.bench.workloads import Workload
+from tests.fakes.fake_upstream import FakeUpstream
+
+
+def test_slot_figures_from_chunk_times() -> None:
+    """Aggregate rate over the slot's wall time; TTFT per request; gaps pooled per chunk."""
+    a = Stream(sent=0.0, chunks=[1.0, 2.0, 3.0], end=3.0, tokens=6, speculation="accelerated")
+    b = Stream(sent=0.0, chunks=[2.0, 2.5], end=4.0, tokens=4, speculation="off")
+    f = concurrency_figures([a, b])
+    assert f["agg_tps"] == pytest.approx(10 / 4)
+    assert f["ttft_p50_s"] == pytest.approx(1.5)
+    assert f["ttft_p99_s"] == pytest.approx(1.99)
+    assert f["itl_p50_s"] == pytest.approx(1.0)  # gaps 1, 1, 0.5
+    assert f["slowest_s"] == 4.0
+    assert f["accelerated"] == 0.5
+    assert "accelerated" not in concurrency_figures([Stream(0.0, [1.0], 1.0, 1)])
+    assert gaps([1.0, 1.5, 3.0]) == [0.5, 1.5]
+
+
+def test_an_answer_without_text_fails_the_slot() -> None:
+    with pytest.raises(RuntimeError):
+        concurrency_figures([Stream(0.0, [], 1.0, 0)])
+
+
+@pytest.mark.parametrize(("rows", "first", "expected"), [
+    # steady 0.1 s gaps, then one 0.3 s stall straddling the arrival at 2.0: during = 0.3
+    ([[i / 10 for i in range(21)] + [2.3, 2.4]], 2.2,
+     {"rows_decoding": 1, "itl_p99_before_s": 0.1, "itl_p99_during_s": 0.3,
+      "long_ttft_s": 0.2}),
+    # a row that ended before the arrival and one not started yet are not decoding rows
+    ([[0.5, 1.0], [3.0, 3.1]], 2.5, {"rows_decoding": 0, "gaps_before": 0}),
+    # no first token from the long request: no "during" at all
+    ([[1.0, 1.5, 2.5]], None, {"rows_decoding": 1, "gaps_during": 0}),
+])
+def test_prefill_figures(rows: list[list[float]], first: float | None,
+                         expected: dict[str, float]) -> None:
+    """Only rows decoding at the arrival count; a gap overlapping the prefill is 'during'."""
+    f = prefill_figures([Stream(0.0, r, r[-1], len(r)) for r in rows], 2.0, first,
+                        settle_s=2.0)
+    for k, v in expected.items():
+        assert f[k] == pytest.approx(v), k
+    if "itl_p99_during_s" in expected:
+        assert f["prefill_itl_speed"] == pytest.approx(0.1 / 0.3)
+    else:
+        assert "prefill_itl_speed" not in f
+
+
+def test_workloads_rotate_over_clients_and_rounds() -> None:
+    assert assign(["a", "b", "c"], 4, 0) == ["a", "b", "c", "a"]
+    assert assign(["a", "b", "c"], 2, 1) == ["b", "c"]
+
+
+def test_request_body_and_chunk_text() -> None:
+    """A seed only when given; chat goes to chat completions; text from either shape."""
+    chat = Workload("w", "d", "chat", messages=(("user", "hi"),))
+    path, body = request_body(chat, "m", 8, 0.0, None)
+    assert path == "/v1/chat/completions" and "seed" not in body
+    assert body["stream_options"] == {"include_usage": True}
+    path, body = request_body(Workload("w", "d", "completion", prompt="x"), "m", 8, 0.7, 3)
+    assert (path, body["prompt"], body["seed"]) == ("/v1/completions", "x", 3)
+    assert chunk_text({"choices": [{"text": "a"}]}) == "a"
+    assert chunk_text({"choices": [{"delta": {"content": "b"}}]}) == "b"
+    assert chunk_text({"choices": [], "usage": {"completion_tokens": 1}}) == ""
+
+
+def test_unseeded_arm_never_sends_a_seed() -> None:
+    """mlx_lm.server turns its batching off for a seeded request: its arm sends none, and
+    nobody sends one at temperature 0."""
+    fake = FakeUpstream(answer="a b c")
+    try:
+        w = Workload("code-short", "d", "completion", prompt="def f():")
+        for seeded, temperature in ((False, 0.7), (True, 0.0), (True, 0.7)):
+            ConcurrentArm(fake.url.removesuffix("/v1"), "m", [w], [w], w, 4, temperature,
+                          seeded)("c=2")
+        seeds = [r.get("seed") for r in fake.requests]
+        assert seeds[:4] == [None] * 4 and all(s is not None for s in seeds[4:])
+        prompts = [sorted(r["prompt"] for r in fake.requests[i : i + 2]) for i in (0, 2, 4)]
+        # A salt per request of an arm; the arms of one group send the same prompts.
+        assert len(set(prompts[0])) == 2 and prompts[0] == prompts[1] == prompts[2]
+    finally:
+        fake.stop()
+
+
+def test_interleaved_run_against_fake_servers_reports() -> None:
+    """Two fake servers, two levels and the prefill scenario: an interleaved run whose
+    section shows the table and the headline ratios (the fakes' speed is not asserted)."""
+    fakes = [FakeUpstream(answer=" ".join(["tok"] * 12)) for _ in range(2)]
+    try:
+        w = Workload("code-short", "d", "completion", prompt="def f():")
+        arms = {name: ConcurrentArm(f.url.removesuffix("/v1"), "m", [w], [w], w, 12, 0.0,
+                                    False, settle_s=0.01)
+                for name, f in zip((OURS, MLX), fakes, strict=True)}
+        names = ["c=1", "c=8", PREFILL]
+        slots = make_schedule(list(arms), names, 2, 1, seed=0)
+        clock = itertools.count(0.0)
+        samples = run_schedule(slots, arms, run_id="x", clock=lambda: next(clock))
+    finally:
+        for f in fakes:
+            f.stop()
+    assert not [s.error for s in samples if s.error]
+    check_interleaved(samples)
+    assert sum(len(f.requests) for f in fakes) == 2 * 2 * (1 + 8 + 7 + 1)
+    run = Run("x", "batching", "t", MLX, [ArmInfo(OURS, "a"), ArmInfo(MLX, "b")],
+              {n: n for n in names}, 2, 1, 0, {"date": "d", "cores": "2", "model": "m"},
+              samples)
+    text = render({"batching": run}, None, plot=lambda r, p: False)
+    assert "## 9. Concurrent clients" in text
+    assert f"| aggregate tokens/s, {OURS} over {MLX}, 8 clients | **" in text
+    assert "| 8 | sanctum | " in text and "rows decoding at arrival" in text
+    assert len(scaling(samples, OURS, "c=8", "c=1")) == 1
+    assert len(best_of_ratios(samples, "agg_tps", OURS, [MLX], "c=8")) == 1
+
+
+def test_plot_of_throughput_against_clients(tmp_path: Path) -> None:
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from sanctum.bench.batching import plot
+
+    slots = make_schedule([OURS, MLX], ["c=1", "c=4"], 3, 1, seed=0)
+    clock = itertools.count(0.0)
+    samples = run_schedule(slots, {a: (lambda w: {"agg_tps": 10.0, "itl_p99_s": 0.1})
+                                   for a in (OURS, MLX)}, run_id="x", clock=lambda: next(clock))
+    run = Run("x", "batching", "t", MLX, [ArmInfo(OURS, "a"), ArmInfo(MLX, "b")],
+              {"c=1": "", "c=4": ""}, 3, 1, 0, {}, samples)
+    assert plot(run, tmp_path / "batching.png", plt)
+    assert (tmp_path / "batching.png").stat().st_size > 0
+
+
+def test_long_prompt_fills_its_target_at_a_line_end() -> None:
+    """The most whole lines within the target: one more line would pass it."""
+    from sanctum.bench.batching import long_prompt
+
+    files = [("a.py", "\n".join(f"x{i} = {i}" for i in range(100)))]
+
+    def count(text: str) -> int:
+        return len(text.split())
+
+    w = long_prompt(files, count, 50)
+    assert w.prompt_tokens == count(w.prompt) <= 50
+    assert count(w.prompt + "\nx = 1") > 50
+    assert w.prompt.endswith("= 15") and w.kind == "completion"
+
+
+@pytest.mark.parametrize(("before", "after", "expected"), [
+    ({"batch_steps": {"1": 5}}, {"batch_steps": {"1": 7, "4": 2}},
+     {"mean_batch": (2 * 1 + 2 * 4) / 4, "max_batch": 4}),
+    ({}, {"batch_steps": {"8": 3}}, {"mean_batch": 8, "max_batch": 8}),
+    ({"batch_steps": {"2": 3}}, {"batch_steps": {"2": 3}}, {}),  # no step in the slot
+    ({}, {"served": 3}, {}),  # a seat that does not count batch sizes
+])
+def test_rows_per_step_from_the_seat_counters(before: dict[str, object],
+                                              after: dict[str, object],
+                                              expected: dict[str, float]) -> None:
+    from sanctum.bench.concurrent import batch_figures
+
+    assert batch_figures(before, after) == pytest.approx(expected)
