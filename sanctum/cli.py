@@ -155,7 +155,8 @@ def _fetch_counters(config: Config) -> dict[str, Any]:
         headers["Authorization"] = f"Bearer {os.environ[keys_env].split(',')[0].strip()}"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
-            return json.loads(r.read())
+            got: dict[str, Any] = json.loads(r.read())
+            return got
     except (urllib.error.URLError, OSError):
         reply = _control(config, protocol.GetCounters())
         return {"proxy": None, "seats": reply.seats}

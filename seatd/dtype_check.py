@@ -29,7 +29,7 @@ def leaks(model: Any, cache: list[Any], tokens: Sequence[int]) -> list[str]:
 
         def watched(self: Any, x: mx.array, *args: Any, _i: int = i, _cls: type = cls,
                     **kwargs: Any) -> mx.array:
-            out = _cls.__call__(self, x, *args, **kwargs)
+            out: mx.array = _cls.__call__(self, x, *args, **kwargs)
             if isinstance(out, mx.array) and out.dtype != x.dtype:
                 found.append(f"layer {_i} ({_cls.__name__}): {x.dtype} in, {out.dtype} out")
             return out

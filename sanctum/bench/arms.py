@@ -70,9 +70,9 @@ class OpenAIArm:
         temp = self.temperature if w.temperature is None else w.temperature
         if w.history:
             # The earlier turns, untimed: what a prompt cache could keep.
+            history: Any = [{"role": r, "content": c} for r, c in w.history]
             self.client.chat.completions.create(
-                model=self.model, max_tokens=1, temperature=0.0,
-                messages=[{"role": r, "content": c} for r, c in w.history])
+                model=self.model, max_tokens=1, temperature=0.0, messages=history)
         common: dict[str, Any] = dict(model=self.model, max_tokens=self.max_tokens,
                                       temperature=temp, stream=True,
                                       stream_options={"include_usage": True})
@@ -82,9 +82,11 @@ class OpenAIArm:
         if self.extra_body:
             common["extra_body"] = self.extra_body
         t0 = time.perf_counter()
+        raw: Any  # the SDK's raw response; its chunks are read by attribute below
         if w.kind == "chat":
+            messages: Any = w.chat_messages()
             raw = self.client.chat.completions.with_raw_response.create(
-                messages=w.chat_messages(), **common)
+                messages=messages, **common)
         else:
             raw = self.client.completions.with_raw_response.create(prompt=w.prompt, **common)
         self.last_headers = {k.lower(): v for k, v in raw.headers.items()}
@@ -99,7 +101,7 @@ class OpenAIArm:
                 facts = extra["sanctum"]
             if chunk.choices:
                 c = chunk.choices[0]
-                text = c.delta.content if w.kind == "chat" else c.text  # type: ignore[union-attr]
+                text = c.delta.content if w.kind == "chat" else c.text
                 if text:
                     times.append(now)
                     pieces.append(text)
@@ -138,7 +140,8 @@ class InProcessArm:
     def tokens(self, w: Workload) -> list[int]:
         tok = self.loaded.tokenizer
         if w.kind == "chat":
-            ids = tok.apply_chat_template(w.chat_messages(), add_generation_prompt=True,
+            ids = tok.apply_chat_template(  # type: ignore[no-untyped-call]  # mlx-lm is untyped
+                w.chat_messages(), add_generation_prompt=True,
                                           tokenize=True)
             return list(ids["input_ids"] if isinstance(ids, dict) else ids)
         return list(tok.encode(w.prompt))
@@ -184,7 +187,7 @@ class DirectSeat:
         from shared import protocol
 
         self.protocol = protocol
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
@@ -257,7 +260,7 @@ def overhead_figures(client: Client, kind: str, requests: int, tokens: int) -> d
             client.request(1)
             lat.append(time.perf_counter() - t0)
         return {"latency_p50_s": quantile(lat, 0.5), "latency_p99_s": quantile(lat, 0.99)}
-    gaps = []
+    gaps: list[float] = []
     for _ in range(requests):
         times = client.request(tokens)
         # Per-token gaps between consecutive pieces (the last frame ends the stream).

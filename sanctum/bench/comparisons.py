@@ -25,6 +25,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -173,7 +174,7 @@ def stack(opts: Options) -> Run:
     config = servers.sanctum_config(port, [("bench", str(path), cap + 64, "")])
     with servers.sanctum_up(config, ("bench",), port) as url:
         ours = A.OpenAIArm(url, "bench", opts.temperature, opts.tokens, by_name)
-        arms = {
+        arms: dict[str, tuple[str, Measure]] = {
             "sanctum": ("openai client -> proxyd -> seat worker (`sanctum up`)", ours),
             "in-process": ("mlx-lm generate_step in the benchmark process, same weights "
                            "(load_for_compute), same BLAS", inproc),
@@ -210,7 +211,15 @@ def _stored_float32(path: Path) -> bool:
     import mlx.core as mx
 
     return all(v.dtype == mx.float32 for f in path.glob("*.safetensors")
-               for v in mx.load(str(f)).values() if mx.issubdtype(v.dtype, mx.floating))
+               for v in _weights(f).values() if mx.issubdtype(v.dtype, mx.floating))
+
+
+def _weights(f: Path) -> dict[str, Any]:
+    import mlx.core as mx
+
+    got = mx.load(str(f))  # a .safetensors file loads as a dict (mx.load's type says any)
+    assert isinstance(got, dict)
+    return got
 
 
 def mlx_server(opts: Options) -> Run:
@@ -219,7 +228,7 @@ def mlx_server(opts: Options) -> Run:
     from shared.builtin import resolve_model
 
     path = model_path(opts.model)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path)  # type: ignore[no-untyped-call]  # mlx-lm is untyped
     import json
 
     ctx = int(json.loads((path / "config.json").read_text()).get("max_position_embeddings",
@@ -263,7 +272,8 @@ def mlx_server(opts: Options) -> Run:
             num_draft=opts.draft_depth if ours_spec else None))
         ours = A.OpenAIArm(url, "bench", 0.0, opts.tokens, by_name)
         theirs = A.OpenAIArm(murl, str(served), 0.0, opts.tokens, by_name)
-        arms = {"sanctum": ("openai client -> proxyd -> seat worker", ours),
+        arms: dict[str, tuple[str, Measure]] = {
+            "sanctum": ("openai client -> proxyd -> seat worker", ours),
                 "mlx_lm.server": ("openai client -> mlx_lm.server (mlx-lm's own HTTP server)",
                                   theirs)}
         run = _run(opts, "mlx-server", "Our stack against mlx_lm.server, same model",
@@ -343,7 +353,7 @@ def spec(opts: Options) -> Run:
     if "speculation" not in SeatConfig.__struct_fields__:
         return _not_measurable("spec", title, "seats have no speculation option", opts.model)
     path = model_path(opts.model)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path)  # type: ignore[no-untyped-call]  # mlx-lm is untyped
     cap = _cap(2048, opts.tokens)
     source, base = _workloads(tokenizer, cap)
     # The long-prompt workload is left out: its prefill, not decoding, sets its time.
@@ -369,7 +379,8 @@ def spec(opts: Options) -> Run:
                    "cannot be trimmed: recurrent layers), so only our two arms run."]
     ours_depth = f"draft_depth = {depth}" if depth is not None else "adaptive draft depth"
     with servers.sanctum_up(config, tuple(name for name, *_ in seats), port) as url:
-        arms = {"speculative": (f"our seat with the drafter, speculation on, {ours_depth}",
+        arms: dict[str, tuple[str, Measure]] = {
+            "speculative": (f"our seat with the drafter, speculation on, {ours_depth}",
                                 A.SeatSpecArm(url, "spec", 0.0, opts.tokens, by_name)),
                 "plain": ("our seat, same config, speculation off",
                           A.OpenAIArm(url, "plain", 0.0, opts.tokens, by_name))}
@@ -431,7 +442,7 @@ def cache(opts: Options) -> Run:
         return _not_measurable("cache", title, "seats have no prompt-cache option yet",
                                opts.model)
     path = model_path(opts.model)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path)  # type: ignore[no-untyped-call]  # mlx-lm is untyped
     cap = _cap(2048, opts.tokens)
     source, files = heldout_files()
     convo = conversation(files, lambda s: len(tokenizer.encode(s)), cap)
@@ -441,7 +452,7 @@ def cache(opts: Options) -> Run:
         ("cached", str(path), cap + 64, "prompt_cache_mb = 512\n"),
         ("cold", str(path), cap + 64, "prompt_cache_mb = 0\n")])
     with servers.sanctum_up(config, ("cached", "cold"), port) as url:
-        arms = {"cache on": ("seat with prompt_cache_mb = 512",
+        arms: dict[str, tuple[str, Measure]] = {"cache on": ("seat with prompt_cache_mb = 512",
                              A.OpenAIArm(url, "cached", 0.0, opts.tokens, by_name)),
                 "cache off": ("same seat, prompt_cache_mb = 0",
                               A.OpenAIArm(url, "cold", 0.0, opts.tokens, by_name))}
@@ -466,7 +477,7 @@ def rollback(opts: Options) -> Run:
         path = model_path(model)
     except ValueError as exc:
         return _not_measurable("rollback", title, f"no hybrid model ({exc})", model)
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path)  # type: ignore[no-untyped-call]  # mlx-lm is untyped
     source, base = _workloads(tokenizer, _cap(2048, opts.tokens))
     workloads = [w for w in base if w.name in (opts.workloads or SPEC_WORKLOADS)]
     by_name = {w.name: w for w in workloads}
@@ -478,7 +489,8 @@ def rollback(opts: Options) -> Run:
                    recorded.loaded.model, "fp16")):
         return _not_measurable("rollback", title, "the model has no rollbackable recurrent "
                                "layers", model)
-    arms = {"record + rollback": (f"verify of {width} tokens recorded, rolled back to {keep}",
+    arms: dict[str, tuple[str, Measure]] = {
+            "record + rollback": (f"verify of {width} tokens recorded, rolled back to {keep}",
                                   recorded),
             "unrecorded": (f"the same verify of {width} tokens, not recorded, no rollback",
                            A.VerifyRoundArm(path, by_name, width, keep, rollback=False))}

@@ -175,9 +175,9 @@ def build_workloads(files: Sequence[tuple[str, str]], count: Callable[[str], int
             tree = ast.parse(t)
         except SyntaxError:
             continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef):
-                d = ast.get_docstring(node)
+        for found in ast.walk(tree):
+            if isinstance(found, ast.Module | ast.ClassDef | ast.FunctionDef):
+                d = ast.get_docstring(found)
                 if d:
                     docs.append((len(d), n, d))
     if docs:
