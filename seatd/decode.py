@@ -37,15 +37,18 @@ from mlx_lm.models import cache as mlx_cache
 
 from seatd import recurrent
 from seatd.adaptive import PARK_TOKENS, DepthStats, RoundPolicy, observe
+from seatd.answer import Answer
 from seatd.drafters import Drafter
 from seatd.sampling import Draws, Keyed, draws_for
-from seatd.stops import scan_stops
 from seatd.verify import draft_probs, verify_greedy, verify_sampled
 from shared.protocol import SamplingParams
 
 log = structlog.get_logger()
 
 PREFILL_CHUNK = 512
+# Beside decoding rows, a batch prefills in smaller pieces of this granularity
+# (`seatd.batch`); a request alone always prefills whole chunks.
+PREFILL_ALIGN = 16
 
 Emit = Callable[[str, int, str], None]  # text, completion tokens, speculation state
 
@@ -285,17 +288,13 @@ def decode(
     n_prompt = len(prompt_ids)
     budget = min(params.max_tokens, max(context_length - n_prompt, 0))
     draws = draws_for(params, width if width is not None else output_width(model))
-    eos = set(tokenizer.eos_token_ids)
-    detok = tokenizer.detokenizer
-    pieces: list[str] = []
     report = SpecReport()
 
     def send(text: str, count: int) -> None:
-        if text:
-            pieces.append(text)
-            if emit is not None:
-                emit(text, count, report.state)
+        if emit is not None:
+            emit(text, count, report.state)
 
+    answer = Answer(tokenizer, params, budget, send)
     if budget == 0:
         return DecodeResult("", "length", n_prompt, 0, report)
 
@@ -323,40 +322,20 @@ def decode(
             report.state = "declined:drafter_error"
             source = _plain(model, cache, y, params, draws, budget, 0)
 
-    pending = ""
-    produced = 0
-    finish = "length"
-    cut = False
     started = time.perf_counter()
-    ids: list[int] = []
     for token in source:
-        if token in eos:
-            finish = "stop"
+        if answer.take(token):
+            if on_token is not None and token not in answer.eos:
+                on_token(answer.produced)
             break
-        produced += 1
-        ids.append(token)
         if on_token is not None:
-            on_token(produced)
-        detok.add_token(token)
-        pending += detok.last_segment
-        now, pending, stopped = scan_stops(pending, params.stop)
-        send(now, produced)
-        if stopped:
-            finish, cut = "stop", True
-            break
-        if produced >= budget:
-            break
+            on_token(answer.produced)
         if cancelled():
             raise DecodeCancelled
-    if not cut:
-        # Flush what the detokenizer and the stop scan held back; the stream ended.
-        detok.finalize()
-        pending += detok.last_segment
-        now, held, stopped = scan_stops(pending, params.stop)
-        if stopped:
-            finish = "stop"
-        send(now if stopped else now + held, produced)
+    answer.close()
+    produced = answer.produced
     if spec is not None and report.state == "declined:not_profitable" and produced:
         # Plain decoding's own speed is what speculation has to beat.
         observe(spec.stats, 0, 0, (time.perf_counter() - started) / produced)
-    return DecodeResult("".join(pieces), finish, n_prompt, produced, report, cached, ids)
+    return DecodeResult(answer.text, answer.finish, n_prompt, produced, report, cached,
+                        answer.ids)
