@@ -29,7 +29,7 @@ with `cache_not_rollbackable`.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -133,6 +133,26 @@ class RollbackArraysCache(mlx_cache.ArraysCache):
         self.cache[0] = mx.contiguous(conv[:, keep : keep + window, :])
         self.cache[1] = states[keep]
         return n
+
+
+def roll_back_rows(cache: Any, keeps: Sequence[int]) -> None:
+    """A batch's recurrent layer after a recorded forward: row b keeps the first keeps[b]
+    tokens it was fed (`seatd.rows_cache`).  Each row gets the state of its own last kept
+    token, as `trim` gives a single row."""
+    trail = getattr(cache, "trail", None)
+    if trail is None:
+        raise RuntimeError("a recurrent layer rolled back without a recorded forward")
+    conv, states = trail
+    cache.trail = None
+    fed = len(states) - 1
+    window = conv.shape[1] - fed
+    keep = mx.array([max(0, min(int(k), fed)) for k in keeps], dtype=mx.int32)
+    rows = mx.arange(len(keeps))
+    at = (keep[:, None] + mx.arange(window)[None, :])[..., None]  # (B, window, 1)
+    cache.cache[0] = mx.take_along_axis(conv, at, axis=1)
+    known = next(s for s in states if s is not None)
+    stacked = mx.stack([s if s is not None else mx.zeros_like(known) for s in states])
+    cache.cache[1] = stacked[keep, rows]
 
 
 def _linear_layers(model: Any) -> list[Any]:

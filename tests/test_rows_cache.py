@@ -1,0 +1,153 @@
+"""The batch's cache against a request alone, on the packaged models: rows that join
+with different histories, a verify step where each row keeps a different number of
+its tokens, rows leaving, and compaction all give each row the logits it would get
+alone (to float tolerance: batch shapes change reduction orders)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models import cache as mlx_cache
+
+from seatd import recurrent
+from seatd.decode import make_cache
+from seatd.rows_cache import RowsCache
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22], [30, 31, 32, 33, 34, 35]]
+TOL = 2e-3
+
+
+@pytest.fixture(scope="module", params=[("builtin:demo", "fp16"), ("builtin:demo", "q8"),
+                                        ("builtin:demo-hybrid", "fp16")],
+                ids=["fp16", "q8", "hybrid"])
+def lane(request: Any) -> tuple[Any, str]:
+    from seatd.model_load import load_for_compute
+    from shared.builtin import resolve_model
+
+    name, kv = request.param
+    model = load_for_compute(resolve_model(name), None).model
+    if "hybrid" in name:
+        assert recurrent.enable(model)
+    return model, kv
+
+
+class Alone:
+    """One row decoded by itself with mlx-lm's own cache."""
+
+    def __init__(self, model: Any, kv: str, prompt: list[int]) -> None:
+        self.model = model
+        self.cache = make_cache(model, kv)
+        model(mx.array([prompt[:-1]]), cache=self.cache)
+
+    def feed(self, tokens: list[int]) -> mx.array:
+        with recurrent.recording():  # so a hybrid row can be trimmed after it
+            return self.model(mx.array([tokens]), cache=self.cache)[0]  # (n, V)
+
+    def trim(self, n: int) -> None:
+        assert mlx_cache.trim_prompt_cache(self.cache, n) == n
+
+
+def _position(cache: list[Any]) -> int:
+    return next(c.offset for c in cache if isinstance(getattr(c, "offset", None), int))
+
+
+def _join(batch: RowsCache, model: Any, kv: str, prompt: list[int]) -> None:
+    row = make_cache(model, kv)
+    model(mx.array([prompt[:-1]]), cache=row)
+    mx.eval([c.state for c in row])
+    batch.join(row, len(prompt) - 1)
+
+
+def _step(batch: RowsCache, model: Any, blocks: list[list[int]]) -> mx.array:
+    n = max(len(b) for b in blocks)
+    x = mx.array([b + [0] * (n - len(b)) for b in blocks])
+    batch.begin([len(b) for b in blocks], n)
+    with recurrent.recording():
+        logits = model(x, cache=batch.layers)
+    batch.end()
+    return logits
+
+
+def _close(a: mx.array, b: mx.array) -> bool:
+    return float(mx.abs(a - b).max().item()) < TOL
+
+
+def test_rows_decode_as_if_alone(lane: tuple[Any, str]) -> None:
+    model, kv = lane
+    alone = [Alone(model, kv, p) for p in PROMPTS]
+    batch = RowsCache.for_model(model, kv)
+    for p in PROMPTS[:2]:
+        _join(batch, model, kv, p)
+    ys = [PROMPTS[0][-1], PROMPTS[1][-1]]
+    for step in range(5):
+        if step == 2:  # a longer row joins mid-way: everyone else is padded to fit
+            _join(batch, model, kv, PROMPTS[2])
+            ys.append(PROMPTS[2][-1])
+        logits = _step(batch, model, [[y] for y in ys])
+        for b, y in enumerate(ys):
+            assert _close(logits[b, 0], alone[b].feed([y])[0]), (step, b)
+        ys = [int(t) for t in mx.argmax(logits[:, 0], axis=-1).tolist()]
+
+    # A verify step: rows feed 3, 1 and 2 tokens and keep 2, 1 and 1 of them.
+    blocks = [[ys[0], 7, 8], [ys[1]], [ys[2], 9]]
+    logits = _step(batch, model, blocks)
+    for b, block in enumerate(blocks):
+        own = alone[b].feed(block)
+        assert _close(logits[b, : len(block)], own), b
+    keeps = [2, 1, 1]
+    batch.roll_back(keeps, 3)
+    for b, (block, keep) in enumerate(zip(blocks, keeps, strict=True)):
+        alone[b].trim(len(block) - keep)
+    ys = [8, 11, 12]  # next tokens: any will do, both sides feed the same
+    for _ in range(2):
+        logits = _step(batch, model, [[y] for y in ys])
+        for b, y in enumerate(ys):
+            assert _close(logits[b, 0], alone[b].feed([y])[0]), b
+        ys = [int(t) for t in mx.argmax(logits[:, 0], axis=-1).tolist()]
+
+    # The middle row leaves; the holes are squeezed out; the others go on unchanged.
+    batch.drop([0, 2])
+    alone = [alone[0], alone[2]]
+    ys = [ys[0], ys[2]]
+    batch.compact()
+    assert batch.holes() == 0
+    logits = _step(batch, model, [[y] for y in ys])
+    for b, y in enumerate(ys):
+        assert _close(logits[b, 0], alone[b].feed([y])[0]), b
+    assert batch.layout.pos.tolist() == [_position(a.cache) for a in alone]
+
+
+def test_rolled_back_columns_are_invisible(lane: tuple[Any, str]) -> None:
+    """A rejected draft must not be seen by later steps: feeding garbage and rolling it
+    back leaves the same logits as never feeding it."""
+    model, kv = lane
+    batch = RowsCache.for_model(model, kv)
+    _join(batch, model, kv, PROMPTS[0])
+    _join(batch, model, kv, PROMPTS[1])
+    clean = RowsCache.for_model(model, kv)
+    _join(clean, model, kv, PROMPTS[0])
+    _join(clean, model, kv, PROMPTS[1])
+    ys = [PROMPTS[0][-1], PROMPTS[1][-1]]
+    _step(batch, model, [[ys[0], 999, 998, 997], [ys[1], 996]])
+    batch.roll_back([1, 1], 4)
+    _step(clean, model, [[ys[0]], [ys[1]]])
+    a = _step(batch, model, [[3], [4]])
+    b = _step(clean, model, [[3], [4]])
+    assert _close(a[:, 0], b[:, 0])
+    assert batch.layout.pos.tolist() == clean.layout.pos.tolist() == [10, 4]
+    # Some rows rejected everything, some nothing: both get their own state back.
+    assert batch.rows == 2 and batch.nbytes > 0
+
+
+def test_last_row_leaving_frees_the_batch(lane: tuple[Any, str]) -> None:
+    model, kv = lane
+    batch = RowsCache.for_model(model, kv)
+    _join(batch, model, kv, PROMPTS[0])
+    _step(batch, model, [[PROMPTS[0][-1]]])
+    assert batch.nbytes > 0
+    batch.drop([])
+    assert batch.rows == 0 and batch.nbytes == 0 and batch.layout.idx == 0
+    _join(batch, model, kv, PROMPTS[1])  # and it takes rows again
+    assert batch.rows == 1
