@@ -1,0 +1,76 @@
+"""Whether a batch step speculates: a verify step must beat a plain one at this size.
+
+Pure, with the seat's measured step times passed in (`StepCosts`, moving averages
+by batch size and tokens per row, drafting included in a verify step's time):
+
+    plan_step(wants, batch, costs) -> depth per row (all 0: a plain step)
+
+`wants[b]` is (depth, expected tokens) of row b's next round as its own request's
+policy sees it (`seatd.adaptive`): depth 0 means the row would decode plainly anyway.
+A row alone follows its wish, as a request alone always has.  In a batch, a verify
+step costs `t(B, n)` for n = 1 + the deepest draft and yields the rows' expected
+tokens; a plain step costs `t(B, 1)` and yields B.  Speculation goes ahead only when
+
+    sum(expected) / t(B, n)  >  B / t(B, 1)
+
+An unmeasured verify size is tried (it cannot be judged otherwise), and a size that
+lost is tried again every `PROBE_EVERY` plain steps, since acceptance moves with the
+rows in the batch.  The choice reads measured times, never a seed: which tokens a
+seeded row gets never depends on it (`seatd.sampling`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+ALPHA = 0.2  # weight of a new step time
+PROBE_EVERY = 64  # plain steps at one batch size between probes of a verify step
+
+
+def size_class(batch: int) -> int:
+    """Batch sizes share measurements in classes: 1, 2, 3-4, 5-8, 9-16, ..."""
+    c = 1
+    while c < batch:
+        c *= 2
+    return c
+
+
+@dataclass
+class StepCosts:
+    seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    plain_since_probe: dict[int, int] = field(default_factory=dict)
+
+    def observe(self, batch: int, width: int, seconds: float) -> None:
+        key = (size_class(batch), width)
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else (1 - ALPHA) * old + ALPHA * seconds
+        c = size_class(batch)
+        if width == 1:
+            self.plain_since_probe[c] = self.plain_since_probe.get(c, 0) + 1
+        else:
+            self.plain_since_probe[c] = 0
+
+    def time(self, batch: int, width: int) -> float | None:
+        return self.seconds.get((size_class(batch), width))
+
+
+def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts) -> list[int]:
+    """The draft depth of each row for the next step (all zeros: a plain step)."""
+    depths = [d for d, _ in wants]
+    if not any(depths):
+        return [0] * len(wants)
+    if batch <= 1:
+        return depths
+    width = 1 + max(depths)
+    plain, verify = costs.time(batch, 1), costs.time(batch, width)
+    if plain is None:
+        return [0] * len(wants)  # measure the plain step first
+    if verify is None:
+        return depths  # never measured at this size: try it
+    gain = sum(e if d else 1.0 for d, e in wants)
+    if gain / verify > batch / plain:
+        return depths
+    if costs.plain_since_probe.get(size_class(batch), 0) >= PROBE_EVERY:
+        return depths
+    return [0] * len(wants)

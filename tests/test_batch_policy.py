@@ -1,0 +1,65 @@
+"""Whether a batch step speculates: a verify step must beat a plain one at this size."""
+
+from __future__ import annotations
+
+import pytest
+
+from seatd.batch_policy import PROBE_EVERY, StepCosts, plan_step, size_class
+
+
+@pytest.mark.parametrize(("batch", "cls"), [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8),
+                                            (9, 16), (16, 16), (17, 32)])
+def test_size_classes(batch: int, cls: int) -> None:
+    assert size_class(batch) == cls
+
+
+def costs(**times: float) -> StepCosts:
+    """times: p<class>=plain step seconds, v<class>_<width>=verify step seconds."""
+    c = StepCosts()
+    for name, t in times.items():
+        if name.startswith("p"):
+            c.seconds[(int(name[1:]), 1)] = t
+        else:
+            size, width = name[1:].split("_")
+            c.seconds[(int(size), int(width))] = t
+    return c
+
+
+@pytest.mark.parametrize(("wants", "batch", "c", "expected", "why"), [
+    ([(0, 1.0), (0, 1.0)], 2, costs(p2=0.02), [0, 0], "nobody drafts"),
+    ([(3, 2.5)], 1, costs(), [3], "a row alone follows its own policy"),
+    ([(3, 2.5)], 1, costs(p1=0.01, v1_4=1.0), [3], "alone, even where a batch would not"),
+    ([(3, 2.5), (2, 2.0)], 2, costs(), [0, 0], "plain step unmeasured: measure it first"),
+    ([(3, 2.5), (2, 2.0)], 2, costs(p2=0.02), [3, 2], "verify unmeasured at this size: try"),
+    ([(3, 2.5), (2, 2.0)], 2, costs(p2=0.02, v2_4=0.03), [3, 2], "4.5 / 30ms beats 2 / 20ms"),
+    ([(3, 2.5), (2, 2.0)], 2, costs(p2=0.02, v2_4=0.05), [0, 0], "4.5 / 50ms loses to 2 / 20ms"),
+    ([(3, 2.5), (0, 1.0)], 2, costs(p2=0.02, v2_4=0.03), [3, 0],
+     "a row that does not draft rides along with one token"),
+    ([(3, 1.2), (3, 1.2)] * 4, 8, costs(p8=0.05, v8_4=0.12), [0] * 8,
+     "poor acceptance at batch 8: 9.6 / 120ms < 8 / 50ms"),
+    ([(3, 2.8)] * 8, 8, costs(p8=0.05, v8_4=0.06), [3] * 8,
+     "good acceptance with a cheap verify: 22.4 / 60ms > 8 / 50ms"),
+])
+def test_plan_step(wants: list[tuple[int, float]], batch: int, c: StepCosts,
+                   expected: list[int], why: str) -> None:
+    assert plan_step(wants, batch, c) == expected, why
+
+
+def test_a_losing_size_is_probed_again() -> None:
+    c = costs(p2=0.02, v2_4=0.05)
+    wants = [(3, 2.5), (2, 2.0)]
+    for _ in range(PROBE_EVERY - 1):
+        c.observe(2, 1, 0.02)
+        assert plan_step(wants, 2, c) == [0, 0]
+    c.observe(2, 1, 0.02)
+    assert plan_step(wants, 2, c) == [3, 2]  # the probe
+    c.observe(2, 4, 0.05)
+    assert plan_step(wants, 2, c) == [0, 0]  # and back to plain until the next one
+
+
+def test_step_times_are_moving_averages_by_class() -> None:
+    c = StepCosts()
+    c.observe(3, 1, 0.10)
+    c.observe(4, 1, 0.20)  # same class as 3
+    assert c.time(3, 1) == pytest.approx(0.12)
+    assert c.time(2, 1) is None
