@@ -43,6 +43,7 @@ lint: setup
 # Every comparison, interleaved, then docs/BENCHMARKS.md and its plots.
 # Pass options through, e.g. make bench BENCH_ARGS="--rounds 8 --model DIR".
 BENCH_ARGS ?=
-bench: setup
+bench:
+	@sh deploy/setup.sh $(VENV) bench
 	$(PY) -m pip install -q -e '.[bench]'
 	$(VENV)/bin/sanctum bench run all --report $(BENCH_ARGS)

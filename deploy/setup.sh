@@ -1,10 +1,11 @@
 #!/bin/sh
 # Set up everything Sanctum needs on this machine: system packages where the
 # platform has them, then a virtual environment with Sanctum installed in it.
-#   deploy/setup.sh [VENV]        (default: .venv)
+#   deploy/setup.sh [VENV] [bench]     (default: .venv; `bench` adds what benchmarks need)
 set -eu
 cd "$(dirname "$0")/.."
 VENV=${1:-.venv}
+WANT=${2:-}
 
 case "$(uname -s)" in
 Linux)
@@ -17,9 +18,22 @@ Linux)
         $SUDO apt-get update -qq
         DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenblas0-pthread >/dev/null
     fi
+    # `sanctum bench run hop` compares the proxy hop with nginx's.
+    if [ "$WANT" = bench ] && ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ] \
+        && command -v apt-get >/dev/null 2>&1; then
+        SUDO=""
+        [ "$(id -u)" = 0 ] || SUDO="sudo"
+        echo "setup: installing nginx (nginx-light), for the hop benchmark"
+        $SUDO apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq nginx-light >/dev/null
+    fi
     ;;
 Darwin)
     # MLX uses Metal and Accelerate; nothing to install system-wide.
+    if [ "$WANT" = bench ] && ! command -v nginx >/dev/null 2>&1 && command -v brew >/dev/null 2>&1; then
+        echo "setup: installing nginx (Homebrew), for the hop benchmark"
+        brew install nginx
+    fi
     ;;
 esac
 

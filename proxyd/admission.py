@@ -20,7 +20,7 @@ from shared.builtin import resolve_model, tokenizer_hash
 from shared.caps import Verdict
 from shared.config import Config, SeatConfig, resolve_path
 from shared.errors import BadRequest
-from shared.prompt import load_tokenizer, prompt_ids
+from shared.prompt import load_tokenizer, prompt_bound, prompt_ids
 from shared.protocol import Generate
 
 log = structlog.get_logger()
@@ -95,13 +95,24 @@ class Admission:
         tokenizer = await self._tokenizer(seat.name)
         if tokenizer is None or seat_cap is None:
             return Verdict(None, None, seat_cap, p.tokenizer_margin)
+        cap = caps.proxy_cap(seat_cap, p.tokenizer_margin, seat.proxy_max_prompt_tokens)
         key = self.dirs[seat.name]
         if key not in memo:
+            # The exact count is needed only near the cap: a bound that fits proves it.
+            bound_key = ("bound", key)
+            if bound_key not in memo:
+                try:
+                    memo[bound_key] = prompt_bound(tokenizer, gen.messages, gen.prompt,
+                                                   gen.tools_json)
+                except Exception as exc:  # the chat template refused these messages
+                    raise BadRequest("the messages do not fit the model's chat template: "
+                                     f"{exc}", param="messages") from None
+            if caps.admits(memo[bound_key], cap):
+                return Verdict(memo[bound_key], cap, seat_cap, p.tokenizer_margin, exact=False)
             try:
                 memo[key] = len(await asyncio.to_thread(
                     prompt_ids, tokenizer, gen.messages, gen.prompt, gen.tools_json))
             except Exception as exc:  # the chat template refused these messages
                 raise BadRequest(f"the messages do not fit the model's chat template: {exc}",
                                  param="messages") from None
-        cap = caps.proxy_cap(seat_cap, p.tokenizer_margin, seat.proxy_max_prompt_tokens)
         return Verdict(memo[key], cap, seat_cap, p.tokenizer_margin)

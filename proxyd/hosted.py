@@ -87,6 +87,8 @@ _CONTEXT_HINTS = ("context_length", "context length", "maximum context", "exceed
 # After the finish reason, how long to wait for usage or [DONE] before finalizing.
 TAIL_S = 1.0
 MESSAGE_MAX = 500
+# The longest SSE line an upstream may send (the client session reads 1 MiB at a time).
+LINE_MAX = 1 << 20
 
 
 class HostedClient:
@@ -260,7 +262,10 @@ class HostedClient:
 
     async def _stream(self, rid: str, resp: aiohttp.ClientResponse, chat: bool,
                       first_by: float, stall_s: float,
-                      deadline: float) -> AsyncIterator[Chunk | TryEnd]:
+                      deadline: float) -> AsyncGenerator[Chunk | TryEnd, None]:
+        """The upstream's events, read as they arrive: whatever one read brings (often
+        many events) becomes one Chunk of their texts, as a proxy that does not buffer
+        passes on what it read, so a burst costs one write downstream, not one each."""
         loop = asyncio.get_running_loop()
         decoder = sse.Decoder()
         produced = 0
@@ -268,7 +273,9 @@ class HostedClient:
         usage: Usage | None = None
         model = ""
         fingerprint = ""
-        while True:
+        partial = b""  # an unfinished line, carried to the next read
+        ended = False
+        while not ended:
             now = loop.time()
             if finish is not None:
                 until, reason = min(now + min(TAIL_S, stall_s), deadline), ""
@@ -278,7 +285,7 @@ class HostedClient:
                 until, reason = min(now + stall_s, deadline), "stall_timeout"
             try:
                 async with asyncio.timeout_at(until):
-                    raw = await resp.content.readline()
+                    data = await resp.content.readany()
             except TimeoutError:
                 if finish is not None:
                     break  # complete; the upstream just never closed
@@ -292,37 +299,55 @@ class HostedClient:
                     break
                 yield TryEnd(Failed("stream_cut", self.scrub(f"{type(exc).__name__}: {exc}")))
                 return
-            except ValueError as exc:  # a line over the read buffer
-                yield TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
+            at_end = not data
+            *lines, partial = (partial + data).split(b"\n")
+            if len(partial) > LINE_MAX:
+                yield TryEnd(Failed("malformed_stream", f"a line over {LINE_MAX} bytes"))
                 return
-            at_end = not raw
-            event = decoder.end() if at_end else decoder.line(raw.decode("utf-8", "replace"))
-            if event is not None:
+            events = [e for e in (decoder.line(line.decode("utf-8", "replace"))
+                                  for line in lines) if e is not None]
+            if at_end:
+                if partial:
+                    last = decoder.line(partial.decode("utf-8", "replace"))
+                    if last is not None:
+                        events.append(last)
+                last = decoder.end()
+                if last is not None:
+                    events.append(last)
+                ended = True
+            texts: list[str] = []
+            failure: TryEnd | None = None
+            for event in events:
                 try:
                     got = sse.piece(event, chat)
                 except sse.Malformed as exc:
-                    yield TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
-                    return
+                    failure = TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
+                    break
                 if got.error is not None:
                     message = str(got.error.get("message") or got.error)
-                    yield TryEnd(Failed("upstream_error", self.scrub(message)))
-                    return
+                    failure = TryEnd(Failed("upstream_error", self.scrub(message)))
+                    break
                 model = got.model or model
                 fingerprint = got.fingerprint or fingerprint
                 usage = got.usage or usage
                 if got.text:
                     produced += 1
-                    yield Chunk(rid, got.text, produced, self.served + 1)
+                    texts.append(got.text)
                 finish = got.finish_reason or finish
                 if got.done:
                     # An explicit end; an upstream that never sends a finish reason
                     # still said it is done.
                     finish = finish or "stop"
+                    ended = True
                     break
                 if finish is not None and usage is not None:
-                    break  # all that [DONE] could add; do not wait for it
-            if at_end:
-                break
+                    ended = True  # all that [DONE] could add; do not wait for it
+                    break
+            if texts:  # text that arrived before a fault is still the client's
+                yield Chunk(rid, "".join(texts), produced, self.served + 1)
+            if failure is not None:
+                yield failure
+                return
         if finish is None:
             yield TryEnd(Failed("stream_cut", "the stream ended before its finish_reason"))
             return
@@ -330,7 +355,7 @@ class HostedClient:
             usage = Usage(usage.prompt_tokens if usage else 0, produced,
                           usage.cached_tokens if usage else 0)
         yield TryEnd(Ok(), finish_reason=finish, usage=usage, model=model,
-                      fingerprint=fingerprint)
+                     fingerprint=fingerprint)
 
     async def _whole(self, rid: str, resp: aiohttp.ClientResponse, chat: bool,
                      first_by: float) -> AsyncIterator[Chunk | TryEnd]:

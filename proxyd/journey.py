@@ -139,8 +139,10 @@ class Journey:
                     self.record(name, outcome)
                     phase = Phase.AFTER_COMMIT if self.committed else Phase.BEFORE_COMMIT
                     step = decide(outcome, phase)
-                    log.info("attempt", request_id=rid, seat=name,
-                             outcome=outcome_label(outcome), phase=phase.value, step=step.value)
+                    if step is not Step.DONE:  # an answer is logged once, as `answered`
+                        log.info("attempt", request_id=rid, seat=name,
+                                 outcome=outcome_label(outcome), phase=phase.value,
+                                 step=step.value)
                     if step is Step.NEXT_RUNG:
                         counters.inc("fallbacks", fallback_reason(outcome))
                         break
@@ -150,6 +152,7 @@ class Journey:
                             # We admitted what the seat refused: the layers disagree.
                             counters.inc("cap_disagreements")
                             log.error("cap_disagreement", seat=name, proxy_tokens=verdict.tokens,
+                                      proxy_count_exact=verdict.exact,
                                       proxy_cap=verdict.cap,
                                       seat_tokens=outcome.extra.get("prompt_tokens"),
                                       seat_cap=outcome.extra.get("cap"))

@@ -58,6 +58,20 @@ def _wake(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
+def merged(first: Chunk, frames: deque[SeatFrame]) -> Chunk:
+    """`first` and the chunks queued right behind it, as one chunk: the text they
+    commit together, the counts of the last (a burst becomes one write downstream)."""
+    texts = [first.text]
+    last = first
+    while frames and type(frames[0]) is Chunk:
+        nxt = frames.popleft()
+        assert isinstance(nxt, Chunk)
+        texts.append(nxt.text)
+        last = nxt
+    return Chunk(first.request_id, "".join(texts), last.completion_tokens, last.served_if_ok,
+                 last.speculation or first.speculation, last.fingerprint or first.fingerprint)
+
+
 class Inbox:
     """One attempt's frames, in order: the reader puts, the attempt takes with a timeout.
     Lighter than `asyncio.wait_for(queue.get())`, which wraps every get in a task."""
@@ -159,33 +173,44 @@ class SeatClient:
                 self._lose_all("worker_lost")
 
     async def _read(self) -> None:
+        # Whatever else is waiting is taken at once, without a future each: a burst of
+        # chunks lands in its attempt's inbox together, and is written out together.
+        shadow: zmq.Socket[bytes] = zmq.Socket.shadow(self.sock.underlying)
         while True:
-            payload = await self.sock.recv()
-            try:
-                reply = protocol.reply_decoder.decode(payload)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                self.bad_frames += 1
-                log.warning("bad_frame_from_seat", seat=self.name, error=str(exc))
-                continue
-            self.heard_at = self.clock()
-            match reply:
-                case Pong():
-                    old = self.pong
-                    self.pong = reply
-                    if old is not None and old.incarnation != reply.incarnation:
-                        # Whatever the old incarnation was doing is gone with it.
-                        self._lose_all("worker_lost", only_incarnation=old.incarnation)
-                case Started(request_id=rid) | Chunk(request_id=rid) | Final(request_id=rid):
-                    inbox = self._pending.get(rid)
-                    if inbox is not None:
-                        inbox.put(reply)
-                case protocol.CountersReply(counters=counters):
-                    waiters, self._counter_waiters = self._counter_waiters, []
-                    for fut in waiters:
-                        if not fut.done():
-                            fut.set_result(counters)
-                case protocol.BadFrame(error=error):
-                    log.error("seat_refused_frame", seat=self.name, error=error)
+            self._take(await self.sock.recv())
+            while True:
+                try:
+                    payload = shadow.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._take(payload)
+
+    def _take(self, payload: bytes) -> None:
+        try:
+            reply = protocol.reply_decoder.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.bad_frames += 1
+            log.warning("bad_frame_from_seat", seat=self.name, error=str(exc))
+            return
+        self.heard_at = self.clock()
+        match reply:
+            case Pong():
+                old = self.pong
+                self.pong = reply
+                if old is not None and old.incarnation != reply.incarnation:
+                    # Whatever the old incarnation was doing is gone with it.
+                    self._lose_all("worker_lost", only_incarnation=old.incarnation)
+            case Started(request_id=rid) | Chunk(request_id=rid) | Final(request_id=rid):
+                inbox = self._pending.get(rid)
+                if inbox is not None:
+                    inbox.put(reply)
+            case protocol.CountersReply(counters=counters):
+                waiters, self._counter_waiters = self._counter_waiters, []
+                for fut in waiters:
+                    if not fut.done():
+                        fut.set_result(counters)
+            case protocol.BadFrame(error=error):
+                log.error("seat_refused_frame", seat=self.name, error=error)
 
     # -- requests ---------------------------------------------------------
 
@@ -231,6 +256,8 @@ class SeatClient:
                     if frame is None:
                         continue
                 if type(frame) is Chunk:
+                    if inbox.frames and type(inbox.frames[0]) is Chunk:
+                        frame = merged(frame, inbox.frames)
                     yield frame
                     timeout, reason = stall_s, "stall_timeout"
                     deadline = now() + timeout

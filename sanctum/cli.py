@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from shared import protocol
+from shared import loops, protocol
 from shared.config import (
     Config,
     ConfigError,
@@ -62,7 +62,7 @@ def cmd_proxyd(args: argparse.Namespace) -> int:
     die_with_parent()
     config = _load(args)
     preflight(config)
-    return asyncio.run(run_proxy(config))
+    return loops.run(run_proxy(config))
 
 
 def cmd_up(args: argparse.Namespace) -> int:

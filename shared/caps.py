@@ -45,6 +45,9 @@ class Verdict:
     cap: int | None  # the proxy's cap for this rung
     seat_cap: int | None
     margin: int
+    # False: `tokens` is an upper bound (shared.prompt.prompt_bound) that already fits
+    # the cap; the exact count is only taken when the bound does not prove the fit
+    exact: bool = True
 
     @property
     def admitted(self) -> bool:

@@ -8,8 +8,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
+import msgspec
 import structlog
+
+
+def _json(obj: Any, **_: Any) -> str:
+    # msgspec: several times faster than json.dumps on every log line; what it cannot
+    # encode is written as its str().
+    return msgspec.json.encode(obj, enc_hook=str).decode()
 
 
 def setup_logging(process: str, level: str | None = None) -> None:
@@ -21,7 +29,7 @@ def setup_logging(process: str, level: str | None = None) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
+            structlog.processors.JSONRenderer(serializer=_json),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),

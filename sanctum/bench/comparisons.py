@@ -10,6 +10,8 @@ stops everything, and returns a `Run` (stored as JSON, rendered by report.py).
     rules      keyed  vs  rejection sampling  vs  plain on one seat (sanctum.bench.rules)
     batching   concurrent clients on our seat  vs  mlx_lm.server batching, 1 to 16 clients,
                and a long prompt among decoding rows (sanctum.bench.batching)
+    hop        the proxy hop: a fake OpenAI upstream directly, through nginx, and through
+               proxyd with a hosted seat and with a null seat (sanctum.bench.hop)
     flips      not a speed comparison: where speculative answers leave plain ones
                (sanctum.bench.flips; nothing to interleave)
 """
@@ -518,6 +520,12 @@ def flips(opts: Options) -> Run:
     return run_flips(opts)
 
 
+def hop(opts: Options) -> Run:
+    from sanctum.bench.hop import hop as run_hop
+
+    return run_hop(opts)
+
+
 def batching(opts: Options) -> Run:
     from sanctum.bench.batching import batching as run_batching
 
@@ -526,5 +534,5 @@ def batching(opts: Options) -> Run:
 
 COMPARISONS: dict[str, Callable[[Options], Run]] = {
     "stack": stack, "mlx-server": mlx_server, "proxy": proxy, "spec": spec, "cache": cache,
-    "rollback": rollback, "rules": rules, "flips": flips, "batching": batching,
+    "rollback": rollback, "rules": rules, "flips": flips, "batching": batching, "hop": hop,
 }

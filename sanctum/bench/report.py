@@ -25,7 +25,7 @@ from sanctum.bench.stats import (
 )
 
 ORDER = ["stack", "mlx-server", "proxy", "spec", "cache", "rollback", "rules", "flips",
-         "batching"]
+         "batching", "hop"]
 SECTION = {
     "stack": "1. Our stack against the same model in-process",
     "mlx-server": "2. Our stack against mlx_lm.server",
@@ -36,6 +36,7 @@ SECTION = {
     "rules": "7. Sampling rules: keyed, rejection and plain",
     "flips": "8. Float flips: speculative against plain answers",
     "batching": "9. Concurrent clients: our seat against mlx_lm.server batching",
+    "hop": "10. The proxy hop: direct, nginx and proxyd",
 }
 # Which figures each comparison reports, and its goals (speed ratio, arm over baseline).
 SHOWN = {
@@ -294,6 +295,10 @@ def section(run: Run, plot: str | None, name: str | None = None) -> list[str]:
         from sanctum.bench.batching import table as batching_table
 
         lines += [*batching_table(run), ""]
+    elif run.comparison == "hop":
+        from sanctum.bench.hop import section as hop_table
+
+        lines += [*hop_table(run), ""]
     else:
         lines += [*_table(run, warnings), ""]
     lines += spec_against_mlx(run)
