@@ -69,12 +69,14 @@ def choose_depth(s: DepthStats) -> int:
     return best
 
 
-def observe(s: DepthStats, depth: int, kept: int, seconds: float) -> None:
-    """Record a round: depth drafted, drafts kept, wall time (depth 0: time per plain token)."""
+def observe(s: DepthStats, depth: int, kept: int, seconds: float | None) -> None:
+    """Record a round: depth drafted, drafts kept, wall time (depth 0: time per plain token;
+    None: a round whose time says nothing about a request alone, e.g. in a batch)."""
     s.rounds += 1
     s.seen[depth] = s.seen.get(depth, 0) + 1
-    old = s.seconds.get(depth)
-    s.seconds[depth] = seconds if old is None else (1 - ALPHA) * old + ALPHA * seconds
+    if seconds is not None:
+        old = s.seconds.get(depth)
+        s.seconds[depth] = seconds if old is None else (1 - ALPHA) * old + ALPHA * seconds
     # Positions up to the first rejection were tried; the rejected one counts as a miss.
     for i in range(min(kept + 1, depth)):
         hit = 1.0 if i < kept else 0.0

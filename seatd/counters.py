@@ -35,7 +35,7 @@ PLAIN = (
     "prompt_cache_reused_tokens",
     "bad_frames",
 )
-LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens")
+LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens", "batch_steps")
 # Prompt lengths of refused (413) prompts kept for the median; the count is exact.
 REFUSED_SAMPLE = 512
 # Counted per lane as well as in total.
@@ -56,7 +56,8 @@ class SeatCounters:
         self.incarnation = 1
         self.started_at = time.time()
         # The prompt cache's state now (not totals: a new incarnation starts empty).
-        self.gauges: dict[str, int] = {"prompt_cache_entries": 0, "prompt_cache_bytes": 0}
+        self.gauges: dict[str, int] = {"prompt_cache_entries": 0, "prompt_cache_bytes": 0,
+                                       "rows_active": 0, "rows_queued": 0, "kv_bytes": 0}
         self._load()
 
     def _load(self) -> None:
@@ -114,7 +115,13 @@ class SeatCounters:
         self.inc("prompt_cache_reused_tokens", tally.reused_tokens, lane=lane)
         for reason, tokens in tally.discarded.items():
             self.inc("prompt_cache_discarded_tokens", tokens, label=reason)
-        self.gauges = {"prompt_cache_entries": entries, "prompt_cache_bytes": nbytes}
+        self.gauges.update(prompt_cache_entries=entries, prompt_cache_bytes=nbytes)
+
+    def batch(self, sizes: dict[int, int], rows: int, queued: int, kv_bytes: int) -> None:
+        """Decode steps by batch size (`batch_steps{size}`) and the batch's state now."""
+        for size, steps in sizes.items():
+            self.inc("batch_steps", steps, label=str(size))
+        self.gauges.update(rows_active=rows, rows_queued=queued, kv_bytes=kv_bytes)
 
     @staticmethod
     def _position(into: list[int], i: int, n: int) -> None:

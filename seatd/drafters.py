@@ -58,17 +58,31 @@ class ModelDrafter:
         self.model = model
         self.cache: list[Any] = []
         self.pending: list[int] = []
+        self._prompt = mx.array([], dtype=mx.uint32)
+        self._done = 0
 
     def start(self, prompt_ids: Sequence[int]) -> None:
+        self.begin(prompt_ids)
+        while not self.advance(PREFILL_CHUNK):
+            pass
+
+    def begin(self, prompt_ids: Sequence[int]) -> None:
+        """Start on a prompt; `advance` prefills it a chunk at a time (a batch engine
+        interleaves those chunks with other rows' steps)."""
         self.cache = mlx_cache.make_prompt_cache(self.model)
-        prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
-        done = 0
-        while len(prompt_ids) - done > 1:
-            n = min(PREFILL_CHUNK, len(prompt_ids) - done - 1)
-            self.model(prompt[None, done : done + n], cache=self.cache)
-            mx.eval([c.state for c in self.cache])
-            done += n
+        self._prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
+        self._done = 0
         self.pending = [int(prompt_ids[-1])]
+
+    def advance(self, n: int) -> bool:
+        """Prefill up to `n` more prompt tokens; True when the prompt is in."""
+        upto = self._prompt.shape[0] - 1
+        if self._done < upto:
+            step = min(n, PREFILL_CHUNK - self._done % PREFILL_CHUNK, upto - self._done)
+            self.model(self._prompt[None, self._done : self._done + step], cache=self.cache)
+            mx.eval([c.state for c in self.cache])
+            self._done += step
+        return self._done >= upto
 
     def propose(self, k: int, params: SamplingParams, draws: Draws,
                 position: int) -> Draft:

@@ -2,7 +2,7 @@
 
 Per request, on the MLX thread:
 
-    plan = cache.begin(request, kv, prompt, max_new)   lookup, restore, reserve
+    plan = cache.begin(request, kv, prompt, max_new)   lookup, restore
     decode(..., resume=plan.resume)                     prefill keeps a copy on the grid
     cache.finish(plan, ok)                              insert the copy, or invalidate
 
@@ -131,7 +131,7 @@ class SeatPromptCache:
         answer is the one a warm or cold request with the cache gets."""
         if len(prompt) < 2 or not (cuts or self.enabled(request)):
             return Plan()
-        per_step, can_trim = self._measure(kv)
+        _, can_trim = self._measure(kv)
         cuts = () if can_trim else tuple(c for c in cuts if c <= len(prompt) - 1)
         if not self.enabled(request):
             return Plan(resume=Resume(cuts=cuts) if cuts else None)
@@ -140,9 +140,6 @@ class SeatPromptCache:
         keep_at = max(keep_at, *cuts) if cuts else keep_at
         plan = Plan(namespace=kv, tokens=tokens[:keep_at], trimmable=can_trim)
         hit = self.policy.lookup(kv, tokens, len(prompt) - 1)
-        steps = -(-(len(prompt) + max_new) // 256)
-        # The live cache grows in steps of 256 tokens; the kept copy is compact.
-        self.policy.reserve(per_step * steps + per_step * keep_at // 256)
         cache = None
         if hit.entry is not None:
             try:
@@ -174,7 +171,15 @@ class SeatPromptCache:
                                    plan.kept)
         finally:
             plan.kept = None
-            self.policy.release()
+
+    def hold(self, nbytes: int) -> None:
+        """Rows in flight need `nbytes` of the cache's budget (`seatd.kv_budget`): the
+        least recently used entries make room, and nothing is kept into it."""
+        self.policy.reserve(nbytes)
+
+    def per_token(self, kv: str) -> int:
+        """Bytes of cache one more token of a row costs in this lane."""
+        return -(-self._measure(kv)[0] // 256)
 
     def drain(self) -> Tally:
         return self.policy.drain()

@@ -1,10 +1,12 @@
-"""The seat worker: one process, one model, one decode thread.
+"""The seat worker: one process, one model, one MLX thread decoding a batch.
 
     python -m seatd.worker --seat NAME [--config FILE]
 
 The asyncio main thread owns the ZeroMQ ROUTER socket: it answers pings at any
 time (also during a long prefill), queues work and sends frames.  All MLX work
-runs on one long-lived thread, because MLX registers compute streams per thread.
+runs on one long-lived thread, because MLX registers compute streams per thread:
+the batch engine (`seatd.batch`), which decodes every admitted request as a row of
+one forward per step.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,9 +27,11 @@ import zmq
 import zmq.asyncio
 
 from seatd import blas
+from seatd.batch import Engine, RowCancelled, Work
 from seatd.counters import SeatCounters
-from seatd.decode import PREFILL_CHUNK, DecodeCancelled, DecodeResult, decode, output_width
+from seatd.decode import PREFILL_CHUNK, DecodeResult, output_width
 from seatd.fingerprint import fingerprint, model_digest
+from seatd.kv_budget import KVBudget, row_bytes
 from seatd.prompt_cache import SeatPromptCache
 from seatd.sampling import KEYED_RULE
 from seatd.speculation import SeatSpeculation
@@ -69,11 +72,25 @@ log = structlog.get_logger()
 
 
 
+class Refusal(Exception):
+    """The seat refuses this request before any work (a client error)."""
+
+    def __init__(self, outcome: Rejected, prompt_tokens: int = 0) -> None:
+        super().__init__(outcome.message)
+        self.outcome = outcome
+        self.prompt_tokens = prompt_tokens
+
+
 @dataclass
 class Job:
     identity: bytes
     request: Generate
     received_at: float = field(default_factory=time.monotonic)
+    cancel: bool = False  # asked to stop (read by the MLX thread between steps)
+    started_at: float | None = None
+    answered: bool = False
+    lane: str = ""
+    fingerprint: str = ""
 
 
 @dataclass
@@ -88,6 +105,7 @@ class Loaded:
     turn_marks: frozenset[int] = frozenset()
     width: int = 0  # the model's logits width: keyed noise is made at it
     fingerprints: dict[str, str] = field(default_factory=dict)  # by KV lane
+    engine: Engine | None = None
 
 
 class SeatWorker:
@@ -97,18 +115,20 @@ class SeatWorker:
         self.state_dir = state_dir(config)
         self.counters = SeatCounters(seat.name, self.state_dir / f"counters-{seat.name}.json")
         self.loaded: Loaded | None = None
-        # Jobs in arrival order; `waiting` holds the live ones by id (at most
-        # max_queued), so a job cancelled while queued gives its place up at once.
-        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        # Requests by id: `waiting` until the batch takes them (at most max_queued;
+        # a cancel there gives the place up at once), then `running` as rows.
         self.waiting: dict[str, Job] = {}
-        self.cancelled: set[str] = set()  # only ever the request in flight
-        self.current: str | None = None
+        self.running: dict[str, Job] = {}
         self.tokens_generated = 0
         self.draining = False
         self.stopped = asyncio.Event()
         self.mlx = ThreadPoolExecutor(1, thread_name_prefix="mlx")
         self.sock: zmq.asyncio.Socket | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def engine(self) -> Engine | None:
+        return self.loaded.engine if self.loaded is not None else None
 
     # -- I/O --------------------------------------------------------------
 
@@ -123,19 +143,23 @@ class SeatWorker:
 
     def pong(self, sent_at: float) -> Pong:
         loaded = self.loaded
+        engine = self.engine
         return Pong(
             seat=self.seat.name,
             pid=os.getpid(),
             incarnation=self.counters.incarnation,
             ready=loaded is not None and not self.draining,
-            busy=self.current is not None,
+            busy=bool(self.running),
             sent_at=sent_at,
             max_prompt_tokens=loaded.cap if loaded else 0,
             context_length=loaded.context_length if loaded else 0,
             tokenizer_hash=loaded.tokenizer_hash if loaded else "",
-            in_flight=(self.current,) if self.current else (),
+            in_flight=tuple(self.running),
             tokens_generated=self.tokens_generated,
             queued=len(self.waiting),
+            rows=len(self.running),
+            max_batch=self.seat.max_batch,
+            kv_bytes=engine.kv_bytes if engine is not None else 0,
         )
 
     def final(self, job: Job, outcome: Outcome, **fields: Any) -> Final:
@@ -168,22 +192,28 @@ class SeatWorker:
                 self.send(identity, self.pong(sent_at))
             case Generate():
                 job = Job(identity, message)
-                if self.loaded is None:
+                rid = message.request_id
+                if self.loaded is None or self.engine is None:
                     self.send(identity, self.final(job, Failed("not_ready", "model loading")))
                 elif self.draining:
                     self.send(identity, self.final(job, Failed("draining", "seat stopping")))
                 elif len(self.waiting) >= self.seat.max_queued:
                     self.send(identity, self.final(job, Failed("queue_full", "seat overloaded")))
+                elif rid in self.waiting or rid in self.running:
+                    self.send(identity, self.final(job, Rejected(
+                        400, "duplicate_request_id", f"request {rid} is already in flight")))
                 else:
-                    self.waiting[message.request_id] = job
-                    self.queue.put_nowait(job)
+                    self.waiting[rid] = job
+                    self.engine.submit(self.work(job))
             case Cancel(request_id=rid):
                 queued = self.waiting.pop(rid, None)
                 if queued is not None:  # never started: its place goes to the next one
+                    queued.cancel = True
+                    queued.answered = True
                     self.counters.inc("cancelled")
                     self.send(queued.identity, self.final(queued, Cancelled()))
-                elif rid == self.current:
-                    self.cancelled.add(rid)
+                elif rid in self.running:
+                    self.running[rid].cancel = True
             case GetCounters():
                 self.send(identity, CountersReply(self.seat.name, self.counters.snapshot()))
             case Shutdown(drain_s=drain_s):
@@ -208,114 +238,138 @@ class SeatWorker:
         device = "cpu" if on_cpu() else "gpu"
         prints = {kv: fingerprint(digest, got.compute_dtype, kv, device, KEYED_RULE,
                                   PREFILL_CHUNK) for kv in ("fp16", "q8")}
+        cache = SeatPromptCache(self.seat, got.model)
+        mb = 1024 * 1024
+        budget = KVBudget(self.seat.kv_budget_mb * mb,
+                          min(self.seat.prompt_cache_mb, self.seat.kv_budget_mb) * mb,
+                          cache.hold)
+        width = output_width(got.model)
+        engine = Engine(got.model, got.tokenizer, got.context_length, width,
+                        self.seat.max_batch, budget, self.progress)
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,
-                      spec, SeatPromptCache(self.seat, got.model), turn_marks(got.tokenizer),
-                      output_width(got.model), prints)
+                      spec, cache, turn_marks(got.tokenizer), width, prints, engine)
+
+    def progress(self) -> None:
+        self.tokens_generated += 1  # the MLX thread's heartbeat of real work
 
     def tokenize(self, request: Generate) -> list[int]:
         assert self.loaded is not None
         return prompt_ids(self.loaded.tokenizer, request.messages, request.prompt,
                           request.tools_json)
 
-    def generate(self, job: Job, emit: Callable[[str, int, str], None]
-                 ) -> tuple[Outcome, DecodeResult | None, int]:
-        """Runs on the MLX thread.  Returns the outcome, the result and the prompt size."""
+    def work(self, job: Job) -> Work:
+        """The engine's view of a job; its callbacks run on the MLX thread."""
+        request = job.request
+        kv = request.kv or self.seat.kv
+        job.lane = f"{'stream' if request.stream else 'sync'}/{kv}"
+        job.fingerprint = self.loaded.fingerprints.get(kv, "") if self.loaded else ""
+        assert self.loop is not None
+        loop = self.loop
+
+        def emit(text: str, count: int, state: str) -> None:
+            ahead = sum(1 for other in list(self.running.values())
+                        if other.started_at is not None and job.started_at is not None
+                        and other.started_at < job.started_at)
+            self.send_threadsafe(job.identity, Chunk(request.request_id, text, count,
+                                                     self.counters.served + ahead + 1, state,
+                                                     job.fingerprint))
+
+        def done(work: Work, result: DecodeResult | None, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(self.finished, job, work, result, error)
+
+        def started(work: Work) -> None:
+            job.started_at = time.monotonic()
+            loop.call_soon_threadsafe(self.started, job)
+
+        return Work(request, [], kv, emit, lambda: job.cancel, done,
+                    prepare=lambda work: self.prepare(job, work),
+                    begin=lambda work: self.begin(job, work), on_start=started)
+
+    def prepare(self, job: Job, work: Work) -> None:
+        """On the MLX thread, before the batch admits it: the prompt, checked."""
         assert self.loaded is not None
+        loaded = self.loaded
         request = job.request
         try:
             prompt = self.tokenize(request)
         except Exception as exc:  # the chat template refused these messages: the client's
-            return Rejected(400, "invalid_messages", f"chat template: {exc}"), None, 0
-        loaded = self.loaded
+            raise Refusal(Rejected(400, "invalid_messages", f"chat template: {exc}")) from exc
         limit = seat_refusal(len(prompt), loaded.cap, loaded.context_length)
         if limit is not None:
             cap = loaded.cap if limit == "seat_cap" else loaded.context_length - 1
             # Checked before any prefill; the prompt is refused whole, never truncated.
-            return (
-                Rejected(413, "prompt_too_long",
-                         f"prompt has {len(prompt)} tokens; seat {self.seat.name} takes at "
-                         f"most {cap} ({limit})",
-                         {"prompt_tokens": len(prompt), "cap": cap, "seat": self.seat.name,
-                          "limit": limit}),
-                None, len(prompt))
+            raise Refusal(Rejected(
+                413, "prompt_too_long",
+                f"prompt has {len(prompt)} tokens; seat {self.seat.name} takes at "
+                f"most {cap} ({limit})",
+                {"prompt_tokens": len(prompt), "cap": cap, "seat": self.seat.name,
+                 "limit": limit}), len(prompt))
         if not prompt:
-            return Rejected(400, "empty_prompt", "the prompt is empty"), None, 0
+            raise Refusal(Rejected(400, "empty_prompt", "the prompt is empty"))
+        work.prompt = prompt
+        work.fault = _faulty(request)
+        work.reserve = row_bytes(loaded.prompt_cache.per_token(work.kv), len(prompt),
+                                 request.params.max_tokens, loaded.context_length)
 
-        def progress(n: int) -> None:
-            self.tokens_generated += 1
+    def begin(self, job: Job, work: Work) -> None:
+        """On the MLX thread, as the batch admits it: prompt cache and speculation."""
+        assert self.loaded is not None
+        loaded = self.loaded
+        request = job.request
+        plan = loaded.prompt_cache.begin(request, work.kv, work.prompt,
+                                         request.params.max_tokens,
+                                         turn_cuts(work.prompt, loaded.turn_marks))
+        work.resume = plan.resume
+        work.finish = lambda ok: loaded.prompt_cache.finish(plan, ok)
+        work.spec = loaded.speculation.plan(request, work.kv)
 
-        kv = request.kv or self.seat.kv
-        plan = loaded.prompt_cache.begin(request, kv, prompt, request.params.max_tokens,
-                                         turn_cuts(prompt, loaded.turn_marks))
-        try:
-            result = decode(
-                self.loaded.model, self.loaded.tokenizer, prompt, request.params,
-                kv=kv,
-                context_length=self.loaded.context_length,
-                emit=emit,
-                cancelled=lambda: request.request_id in self.cancelled,
-                on_token=progress,
-                spec=self.loaded.speculation.plan(request, kv),
-                resume=plan.resume,
-                width=loaded.width,
-            )
-        except DecodeCancelled:
-            loaded.prompt_cache.finish(plan, ok=True)
-            raise
-        except Exception:
-            # An error during generation: drop the entry it resumed from.
-            loaded.prompt_cache.finish(plan, ok=False)
-            raise
-        loaded.prompt_cache.finish(plan, ok=True)
-        return Ok(), result, len(prompt)
+    def started(self, job: Job) -> None:
+        rid = job.request.request_id
+        if self.waiting.get(rid) is not job:
+            return  # cancelled while queued, and already answered
+        del self.waiting[rid]
+        self.running[rid] = job
+        self.send(job.identity, Started(rid))
 
-    async def serve(self) -> None:
-        assert self.loop is not None
-        while True:
-            job = await self.queue.get()
-            request = job.request
-            rid = request.request_id
-            if self.waiting.get(rid) is not job:
-                continue  # cancelled while queued, and already answered
+    def finished(self, job: Job, work: Work, result: DecodeResult | None,
+                 error: BaseException | None) -> None:
+        rid = job.request.request_id
+        if self.waiting.get(rid) is job:
             del self.waiting[rid]
-            kv = request.kv or self.seat.kv
-            lane = f"{'stream' if request.stream else 'sync'}/{kv}"
-            print_ = self.loaded.fingerprints.get(kv, "") if self.loaded else ""
-            self.current = rid
-            self.send(job.identity, Started(rid))
-            started = time.monotonic()
-            first: list[float] = []
+        if self.running.get(rid) is job:
+            del self.running[rid]
+        if job.answered:
+            return
+        job.answered = True
+        n_prompt = len(work.prompt)
+        outcome: Outcome
+        match error:
+            case None:
+                outcome = Ok()
+            case RowCancelled():
+                outcome = Cancelled()
+            case Refusal():
+                outcome, n_prompt = error.outcome, error.prompt_tokens
+            case _:
+                log.error("generate_failed", request_id=rid, seat=self.seat.name,
+                          error=repr(error))
+                outcome = Failed("internal_error", str(error) or type(error).__name__)
+        with structlog.contextvars.bound_contextvars(request_id=rid, seat=self.seat.name):
+            frame = self.account(job, outcome, result, n_prompt, work.first_token_at)
+        self.send(job.identity, frame)
 
-            def emit(text: str, count: int, state: str, job: Job = job,
-                     first: list[float] = first, print_: str = print_) -> None:
-                if not first:
-                    first.append(time.monotonic())
-                self.send_threadsafe(job.identity, Chunk(job.request.request_id, text, count,
-                                                         self.counters.served + 1, state,
-                                                         print_))
-
-            with structlog.contextvars.bound_contextvars(request_id=rid, seat=self.seat.name):
-                try:
-                    outcome, result, n_prompt = await self.loop.run_in_executor(
-                        self.mlx, self.generate, job, emit)
-                except DecodeCancelled:
-                    outcome, result, n_prompt = Cancelled(), None, 0
-                except Exception as exc:  # the seat answers; it does not die
-                    log.exception("generate_failed")
-                    outcome, result, n_prompt = Failed("internal_error", str(exc)), None, 0
-                self.current = None
-                self.cancelled.discard(rid)
-                frame = self.account(job, lane, outcome, result, n_prompt, started, first,
-                                     print_)
-            self.send(job.identity, frame)
-
-    def account(self, job: Job, lane: str, outcome: Outcome, result: DecodeResult | None,
-                n_prompt: int, started: float, first: list[float], print_: str) -> Final:
+    def account(self, job: Job, outcome: Outcome, result: DecodeResult | None,
+                n_prompt: int, first: float | None) -> Final:
         c = self.counters
-        ttft = (first[0] if first else time.monotonic()) - started
+        lane = job.lane
+        started = job.started_at or time.monotonic()
+        ttft = (first if first is not None else time.monotonic()) - started
         if self.loaded is not None:
             c.prompt_cache(self.loaded.prompt_cache.drain(), lane,
                            self.loaded.prompt_cache.entries, self.loaded.prompt_cache.nbytes)
+        if self.engine is not None:
+            c.batch(self.engine.drain_sizes(), len(self.running), len(self.waiting),
+                    self.engine.kv_bytes)
         match outcome:
             case Ok():
                 assert result is not None
@@ -350,7 +404,7 @@ class SeatWorker:
             usage=Usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens),
             speculation=result.speculation.state,
             ttft_s=ttft,
-            fingerprint=print_,
+            fingerprint=job.fingerprint,
         )
 
     # -- lifecycle --------------------------------------------------------
@@ -359,13 +413,13 @@ class SeatWorker:
         if self.draining:
             return
         self.draining = True
-        log.info("draining", drain_s=drain_s, queued=len(self.waiting), busy=self.current)
+        log.info("draining", drain_s=drain_s, queued=len(self.waiting), rows=len(self.running))
         assert self.loop is not None
         self.loop.create_task(self._drain(drain_s))
 
     async def _drain(self, drain_s: float) -> None:
         deadline = time.monotonic() + drain_s
-        while (self.current is not None or self.waiting) and time.monotonic() < deadline:
+        while (self.running or self.waiting) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         self.stopped.set()
 
@@ -390,8 +444,11 @@ class SeatWorker:
                 return exitcodes.MODEL_LOAD
             log.info("worker_ready", context_length=self.loaded.context_length,
                      tokenizer_hash=self.loaded.tokenizer_hash[:16])
-            server = self.loop.create_task(self.serve())
+            assert self.loaded.engine is not None
+            engine = self.loaded.engine
+            server = self.loop.run_in_executor(self.mlx, engine.run)
             await self.stopped.wait()
+            engine.stop()
             server.cancel()
         finally:
             receiver.cancel()
@@ -401,6 +458,17 @@ class SeatWorker:
             unlink_endpoint(worker_endpoint(self.config, self.seat.name))
             self.mlx.shutdown(wait=False, cancel_futures=True)
         return code
+
+
+def _faulty(request: Generate) -> bool:
+    """Fault injection for tests of a failing row: SANCTUM_FAULT_ROW=MARKER makes the
+    prefill of any request whose prompt holds MARKER raise (the row fails, the batch and
+    the worker go on).  Unset, as in any real deployment, it does nothing."""
+    marker = os.environ.get("SANCTUM_FAULT_ROW")
+    if not marker:
+        return False
+    texts = [request.prompt or ""] + [m.content for m in request.messages or ()]
+    return any(marker in t for t in texts)
 
 
 def main(argv: list[str] | None = None) -> int:

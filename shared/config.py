@@ -101,9 +101,15 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     backoff_max_s: Positive = 8.0
     retry_after_max_s: Annotated[float, msgspec.Meta(ge=0)] = 20.0
     # local (mlx) seats: the prompt cache (seatd/prompt_cache.py).  Megabytes of KV
-    # kept for prompt prefixes, the request in flight's own KV included; 0 = off.
+    # kept for prompt prefixes, within kv_budget_mb; 0 = off.
     prompt_cache_mb: Annotated[int, msgspec.Meta(ge=0)] = 512
-    # local (mlx) seats: requests waiting behind the one being decoded; one more is
+    # local (mlx) seats: requests decoded together, each a row of one batched forward
+    # (seatd/batch.py), at most max_batch of them and only while their KV fits in
+    # kv_budget_mb with the prompt cache's entries (seatd/kv_budget.py).  A request
+    # alone is always taken.
+    max_batch: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16
+    kv_budget_mb: PositiveInt = 2048
+    # local (mlx) seats: requests waiting for a row in the batch; one more is
     # refused at once (the proxy tries the next rung, or answers 503 with Retry-After).
     max_queued: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
     # local (mlx) seats: how long a request may wait in that queue; then it is taken

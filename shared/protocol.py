@@ -132,7 +132,10 @@ class Pong(msgspec.Struct, frozen=True, tag="pong"):
     tokenizer_hash: str = ""
     in_flight: tuple[str, ...] = ()
     tokens_generated: int = 0
-    queued: int = 0  # requests waiting behind the one in flight
+    queued: int = 0  # requests waiting for a row in the batch
+    rows: int = 0  # requests decoding (or prefilling) as rows of the batch
+    max_batch: int = 0
+    kv_bytes: int = 0  # KV of the rows in flight, in bytes
 
 
 class Chunk(msgspec.Struct, frozen=True, tag="chunk"):
@@ -142,8 +145,8 @@ class Chunk(msgspec.Struct, frozen=True, tag="chunk"):
     request_id: str
     text: str
     completion_tokens: int
-    # The seat serves one request at a time, so this is its `served` counter
-    # after this request if it completes: the proxy can name it at commit.
+    # The seat's `served` counter after this request if it completes and the rows that
+    # started before it finish first (the final frame carries the exact count).
     served_if_ok: int = 0
     # Speculation's state when this text was committed, so that the header sent
     # at the commit point can say it; the Final frame carries the final state.

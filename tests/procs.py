@@ -63,14 +63,15 @@ class Sanctum:
     """`sanctum up` (or one daemon) in a private state directory."""
 
     def __init__(self, config_text: str | None = None, port: int | None = None,
-                 command: str = "up", packaged: bool = False) -> None:
+                 command: str = "up", packaged: bool = False,
+                 env: dict[str, str] | None = None) -> None:
         self.port = port or free_port()
         # ipc paths are limited to ~100 bytes: keep the state directory short.
         self.dir = Path(tempfile.mkdtemp(prefix="sct-", dir="/tmp"))
         self.state = self.dir / "s"
         self.config = self.dir / "sanctum.toml"
         self.config.write_text(config_text or demo_config(self.port))
-        self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.state))
+        self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.state), **(env or {}))
         self.log = open(self.dir / "log", "wb")
         # packaged: no --config at all, the embedded default (only the port is moved).
         args = ["--port", str(self.port)] if packaged else ["--config", str(self.config)]

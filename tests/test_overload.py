@@ -35,6 +35,7 @@ name = "demo"
 model = "builtin:demo"
 max_prompt_tokens = 1536
 prompt_cache_mb = 0
+max_batch = 1   # one row decoding: the queue forms right behind it
 max_queued = 1
 
 [[route]]

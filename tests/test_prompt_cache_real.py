@@ -15,6 +15,7 @@ from seatd.adaptive import DepthStats
 from seatd.counters import SeatCounters
 from seatd.decode import PREFILL_CHUNK, DecodeResult, Speculation, decode
 from seatd.drafters import ModelDrafter
+from seatd.kv_budget import KVBudget, row_bytes
 from seatd.model_load import load_for_compute
 from seatd.prompt_cache import SeatPromptCache
 from shared.config import SeatConfig
@@ -43,15 +44,22 @@ def _run(pair: Any, cache: SeatPromptCache | None, prompt: list[int], kv: str, t
     request = Generate("r", False, params, prompt_cache=use_cache)
     plan = cache.begin(request, kv, prompt, MAX_NEW, cuts) if cache is not None else None
     sp = Speculation(ModelDrafter(drafter), 3, DepthStats()) if spec else None
+    # As the worker does: the row in flight is charged to the seat's KV budget, here all
+    # of it the prompt cache's, so the cache makes room for it (seatd/kv_budget.py).
+    budget = KVBudget(cache.policy.budget, cache.policy.budget, cache.hold) if cache else None
+    charge = row_bytes(cache.per_token(kv), len(prompt), MAX_NEW, 2048) if cache else 0
+    if budget is not None:
+        budget.admit(charge, alone=True)
+    ok = False
     try:
         result = decode(target, tok, prompt, params, kv=kv, context_length=2048, spec=sp,
                         resume=plan.resume if plan else None)
-    except Exception:
+        ok = True
+    finally:
         if cache is not None and plan is not None:
-            cache.finish(plan, ok=False)
-        raise
-    if cache is not None and plan is not None:
-        cache.finish(plan, ok=True)
+            cache.finish(plan, ok=ok)  # kept while the row still holds its room
+        if budget is not None:
+            budget.release(charge)
     return result
 
 

@@ -1,0 +1,671 @@
+"""The seat's batch engine: every active request is a row of one forward per step.
+
+Runs on the worker's MLX thread, one step at a time:
+
+    admit     requests from the queue while the batch has room (`max_batch`) and the
+              seat's KV budget holds their cache (`seatd.kv_budget`);
+    prefill   one chunk of one joining row's prompt (chunks on the `PREFILL_CHUNK`
+              grid, as a request alone computes them), between the others' steps;
+    decode    one forward over every decoding row of a lane: plain (one token per row,
+              the next step scheduled before this one's tokens are read) or a verify
+              step (rows that draft feed their block, the others one token, padded);
+    leave     rows that finished, were cancelled or failed leave the batch.
+
+Each row has its own sampling parameters and draws (`seatd.sampling`: a seeded row's
+noise is keyed by its own seed and answer position, so its neighbours never change
+its randomness), its own stops and budget (`seatd.answer`), its own drafter and
+counters.  A row's error ends that row only: the batch goes on without it.
+
+Whether a step speculates is decided per step (`seatd.batch_policy`): alone, a row
+follows its request's adaptive depth as a single request does; in a batch, a verify
+step must beat a plain one at this batch size by the seat's measured step times, or
+the rows decline with `batch_not_profitable`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import structlog
+
+from seatd import recurrent
+from seatd.adaptive import PARK_TOKENS, observe
+from seatd.answer import Answer
+from seatd.batch_policy import StepCosts, plan_step
+from seatd.decode import (
+    PREFILL_ALIGN,
+    PREFILL_CHUNK,
+    DecodeResult,
+    Resume,
+    SpecReport,
+    Speculation,
+    make_cache,
+)
+from seatd.kv_budget import KVBudget
+from seatd.rows_cache import SLACK, OneRow, RowsCache, lane_cache
+from seatd.sampling import Draws, Keyed, draws_for
+from seatd.verify import draft_probs, verify_greedy, verify_sampled
+from shared.protocol import Generate, SamplingParams
+
+log = structlog.get_logger()
+
+Emit = Callable[[str, int, str], None]
+
+
+class RowCancelled(Exception):
+    pass
+
+
+@dataclass
+class Work:
+    """A request handed to the engine, with the worker's callbacks (all called on the
+    MLX thread): `prepare` (tokenize and check; raising ends the request with that
+    error), `begin` (prompt cache and speculation, once admitted), `on_start`, `emit`
+    (committed text) and `done` (the result, or the error that ended the row)."""
+
+    request: Generate
+    prompt: list[int]
+    kv: str
+    emit: Emit
+    cancelled: Callable[[], bool]
+    done: Callable[[Work, DecodeResult | None, BaseException | None], None]
+    prepare: Callable[[Work], None] = lambda work: None
+    begin: Callable[[Work], None] = lambda work: None
+    on_start: Callable[[Work], None] = lambda work: None
+    spec: Speculation | None = None
+    resume: Resume | None = None
+    reserve: int = 0  # KV bytes held for this row (`seatd.kv_budget`)
+    finish: Callable[[bool], None] | None = None  # tells the prompt cache how it ended
+    first_token_at: float | None = None
+    prepared: bool = False
+    fault: bool = False  # an injected prefill fault (the worker's SANCTUM_FAULT_ROW)
+
+
+@dataclass
+class Row:
+    work: Work
+    params: SamplingParams
+    draws: Draws
+    answer: Answer
+    report: SpecReport
+    cache: list[Any] | None = None  # its own cache while it prefills
+    done: int = 0  # prompt tokens prefilled
+    feed: mx.array | None = None  # (1,) the token it is fed next
+    unread: bool = False  # `feed` is an answer token the host has not taken yet
+    issued: int = 0  # answer tokens computed (taken or in flight)
+    speculating: bool = False
+    drafter_in: bool = False  # its drafter has the prompt
+    last_kept: int = 0
+    park_left: int = 0  # plain tokens left in a parked burst (`seatd.adaptive`)
+    probe: bool = False  # a probe round is due after the burst
+
+    @property
+    def rid(self) -> str:
+        return self.work.request.request_id
+
+
+@dataclass
+class Lane:
+    """The rows of one KV mode decoding together, and their cache."""
+
+    cache: RowsCache | OneRow
+    rows: list[Row] = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, model: Any, tokenizer: Any, context_length: int, width: int,
+                 max_batch: int, budget: KVBudget,
+                 on_token: Callable[[], None] | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.width = width
+        self.max_batch = max_batch
+        self.budget = budget
+        self.on_token = on_token or (lambda: None)
+        self.inbox: deque[Work] = deque()
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.joining: list[Row] = []
+        self.lanes: dict[str, Lane] = {}
+        self.costs = StepCosts()
+        self.stopped = False
+        self.batch_sizes: dict[int, int] = {}  # steps seen at each batch size
+        self.kv_bytes = 0  # the batch's KV now, refreshed after every step
+        self.prefill_per_token: float | None = None  # seconds, moving average
+
+    # -- the worker's side (any thread) -----------------------------------------
+
+    def submit(self, work: Work) -> None:
+        with self.lock:
+            self.inbox.append(work)
+        self.wake.set()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.wake.set()
+
+    @property
+    def active(self) -> list[str]:
+        rows = [r.rid for r in self.joining]
+        for lane in list(self.lanes.values()):
+            rows.extend(r.rid for r in lane.rows)
+        return rows
+
+    def drain_sizes(self) -> dict[int, int]:
+        """Steps decoded at each batch size since the last drain."""
+        with self.lock:
+            out, self.batch_sizes = self.batch_sizes, {}
+        return out
+
+    # -- the MLX thread ---------------------------------------------------------
+
+    def run(self) -> None:
+        while not self.stopped:
+            try:
+                busy = self.step()
+            except Exception as exc:  # never lose the thread: end what it held, go on
+                log.exception("engine_step_failed")
+                self._fail_all(exc)
+                busy = True
+            if not busy:
+                self.wake.wait(0.05)
+                self.wake.clear()
+
+    def _fail_all(self, error: BaseException) -> None:
+        rows = [*self.joining, *(r for lane in self.lanes.values() for r in lane.rows)]
+        self.joining, self.lanes = [], {}
+        for row in rows:
+            if not row.answer.closed:
+                self._finish(row, error)
+
+    def step(self) -> bool:
+        """One engine step; False when there was nothing to do."""
+        self._admit()
+        self._cancels()
+        worked = False
+        if self.joining:
+            self._prefill_one()
+            worked = True
+        for kv, lane in list(self.lanes.items()):
+            if lane.rows:
+                self._decode(lane)
+                worked = True
+            if not lane.rows and not any(r.work.kv == kv for r in self.joining):
+                del self.lanes[kv]
+        self.kv_bytes = sum(lane.cache.nbytes for lane in self.lanes.values()) + sum(
+            _nbytes(r.cache) for r in self.joining)
+        return worked
+
+    # -- admission --------------------------------------------------------------
+
+    def rows(self) -> int:
+        return len(self.joining) + sum(len(lane.rows) for lane in self.lanes.values())
+
+    def _admit(self) -> None:
+        while True:
+            with self.lock:
+                if not self.inbox:
+                    return
+                work = self.inbox[0]
+            if work.cancelled():
+                self._pop(work)
+                self._end_unstarted(work, RowCancelled())
+                continue
+            if not work.prepared:
+                try:
+                    work.prepare(work)
+                    work.prepared = True
+                except Exception as exc:  # refused (or failed) before any work
+                    self._pop(work)
+                    self._end_unstarted(work, exc)
+                    continue
+            if self.rows() >= self.max_batch or self._lane_full(work.kv):
+                return
+            if not self.budget.admit(work.reserve, alone=self.rows() == 0):
+                return  # waits for a row to leave; the proxy's queue clock runs meanwhile
+            self._pop(work)
+            try:
+                work.begin(work)
+            except Exception as exc:
+                log.exception("row_begin_failed", request_id=work.request.request_id)
+                self.budget.release(work.reserve)
+                self._end_unstarted(work, exc)
+                continue
+            work.on_start(work)
+            self._start(work)
+
+    def _lane_full(self, kv: str) -> bool:
+        """A lane that cannot batch (`OneRow`) takes its next row when its row left."""
+        lane = self.lanes.get(kv)
+        if lane is None or lane.cache.capacity is None:
+            return False
+        rows = len(lane.rows) + sum(1 for r in self.joining if r.work.kv == kv)
+        return rows >= lane.cache.capacity
+
+    def _pop(self, work: Work) -> None:
+        with self.lock:
+            if self.inbox and self.inbox[0] is work:
+                self.inbox.popleft()
+
+    def _end_unstarted(self, work: Work, error: BaseException) -> None:
+        if work.finish is not None:
+            work.finish(True)
+        work.done(work, None, error)
+
+    def _start(self, work: Work) -> None:
+        params = work.request.params
+        n_prompt = len(work.prompt)
+        budget = min(params.max_tokens, max(self.context_length - n_prompt, 0))
+        report = SpecReport()
+
+        def send(text: str, count: int) -> None:
+            if work.first_token_at is None:
+                work.first_token_at = time.monotonic()
+            work.emit(text, count, report.state)
+
+        row = Row(work, params, draws_for(params, self.width),
+                  Answer(self.tokenizer, params, budget, send), report)
+        spec = work.spec
+        if spec is not None:
+            if spec.decline is not None or spec.drafter is None or spec.depth == 0:
+                report.state = f"declined:{spec.decline or 'not_profitable'}"
+            else:
+                report.state = "declined:no_proposal"
+                begin = getattr(spec.drafter, "begin", None)
+                try:
+                    if begin is not None:
+                        begin(work.prompt)
+                    row.speculating = True
+                except Exception as exc:  # a drafter's fault is a decline
+                    log.warning("drafter_failed", error=repr(exc),
+                                request_id=work.request.request_id)
+                    report.state = "declined:drafter_error"
+        resume = work.resume
+        if resume is not None and resume.cache is not None and resume.start > 0:
+            row.cache, row.done = resume.cache, resume.start
+        else:
+            row.cache, row.done = make_cache(self.model, work.kv), 0
+        if budget == 0:
+            self._finish(row, None)
+            return
+        self.joining.append(row)
+        if work.kv not in self.lanes:
+            self.lanes[work.kv] = Lane(lane_cache(self.model, work.kv))
+
+    # -- prefill ----------------------------------------------------------------
+
+    def _prefill_budget(self) -> int:
+        """Prompt tokens one prefill step may take.  With no row decoding, a whole chunk of
+        the grid (as a request alone always prefills).  With rows decoding, about what one
+        of their steps costs, so a long prompt lengthens their inter-token gaps by at most
+        about one step: the measured step time over the measured prefill time per token,
+        in multiples of PREFILL_ALIGN."""
+        decoding = [lane for lane in self.lanes.values() if lane.rows]
+        if not decoding or self.prefill_per_token is None:
+            return PREFILL_CHUNK
+        step = sum(self.costs.time(len(lane.rows), 1) or 0.0 for lane in decoding)
+        if step <= 0:
+            return PREFILL_ALIGN
+        tokens = int(step / self.prefill_per_token) // PREFILL_ALIGN * PREFILL_ALIGN
+        return max(PREFILL_ALIGN, min(PREFILL_CHUNK, tokens))
+
+    def _prefill_one(self) -> None:
+        row = self.joining[0]
+        work = row.work
+        upto = len(work.prompt) - 1
+        budget = self._prefill_budget()
+        try:
+            if work.fault:
+                raise RuntimeError("injected row fault (SANCTUM_FAULT_ROW)")
+            if row.done < upto:
+                cuts = work.resume.cuts if work.resume is not None else ()
+                n = min(PREFILL_CHUNK - row.done % PREFILL_CHUNK, upto - row.done, budget,
+                        *(c - row.done for c in cuts if c > row.done))
+                chunk = mx.array(work.prompt[row.done : row.done + n], dtype=mx.uint32)
+                started = time.perf_counter()
+                self.model(chunk[None], cache=row.cache)
+                mx.eval([c.state for c in row.cache or []])
+                per = (time.perf_counter() - started) / n
+                old = self.prefill_per_token
+                self.prefill_per_token = per if old is None else 0.8 * old + 0.2 * per
+                row.done += n
+                resume = work.resume
+                if resume is not None and resume.keep is not None and row.done == resume.keep_at:
+                    assert row.cache is not None
+                    resume.keep(row.cache)
+            drafted = self._drafter_prefill(row, budget)
+            if row.done < upto or not drafted:
+                return
+            self.joining.pop(0)
+            self._join(row)
+        except Exception as exc:  # this row's prefill failed: the others go on
+            log.exception("row_prefill_failed", request_id=row.rid)
+            if row in self.joining:
+                self.joining.remove(row)
+            self._finish(row, exc)
+
+    def _drafter_prefill(self, row: Row, budget: int) -> bool:
+        """The row's model drafter takes the prompt in step with the target; True when
+        it has it (or the row does not speculate)."""
+        spec = row.work.spec
+        if row.drafter_in or not row.speculating or spec is None or spec.drafter is None:
+            return True
+        advance = getattr(spec.drafter, "advance", None)
+        try:
+            if advance is None:
+                spec.drafter.start(row.work.prompt)
+                row.drafter_in = True
+            else:
+                row.drafter_in = bool(advance(budget))
+            return row.drafter_in
+        except Exception as exc:  # a drafter's fault is a decline
+            log.warning("drafter_failed", error=repr(exc), request_id=row.rid)
+            row.speculating = False
+            row.report.state = "declined:drafter_error"
+            return True
+
+    def _join(self, row: Row) -> None:
+        work = row.work
+        lane = self.lanes[work.kv]
+        assert row.cache is not None
+        lane.cache.join(row.cache, len(work.prompt) - 1)
+        row.cache = None
+        row.feed = mx.array([work.prompt[-1]], dtype=mx.uint32)
+        row.unread = False
+        lane.rows.append(row)
+
+    # -- decode -----------------------------------------------------------------
+
+    def _decode(self, lane: Lane) -> None:
+        B = len(lane.rows)
+        with self.lock:
+            self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
+        wants = [self._wanted(r) for r in lane.rows]
+        depths = plan_step(wants, B, self.costs)
+        if any(d for d, _ in wants) and not any(depths):
+            for r, (d, _) in zip(lane.rows, wants, strict=True):
+                if d and r.report.state == "declined:no_proposal":
+                    r.report.state = "declined:batch_not_profitable"
+        started = time.perf_counter()
+        try:
+            if any(depths):
+                self._verify_step(lane, depths)
+            else:
+                self._plain_step(lane)
+        except Exception as exc:
+            # A forward over the batch failed: every row in it ends; the worker lives.
+            log.exception("batch_step_failed", rows=B)
+            for row in lane.rows:
+                self._finish(row, exc)
+            lane.rows = []
+            lane.cache.drop([])
+            return
+        elapsed = time.perf_counter() - started
+        self.costs.observe(B, max(depths) + 1 if any(depths) else 1, elapsed)
+        if B == 1:  # a request alone: its round times are the seat's adaptive figures
+            row = lane.rows[0]
+            spec = row.work.spec
+            if spec is not None and (row.speculating
+                                     or row.report.state == "declined:not_profitable"):
+                observe(spec.stats, depths[0], row.last_kept if depths[0] else 0, elapsed)
+        self._leave(lane)
+
+    def _wanted(self, row: Row) -> tuple[int, float]:
+        """(depth, expected tokens) of this row's next round as its own policy sees it;
+        depth 0: a plain token.  A parked row takes PARK_TOKENS plain tokens, then a
+        probe round, as a request alone does (`seatd.decode`)."""
+        spec = row.work.spec
+        if not row.speculating or spec is None or spec.drafter is None:
+            return 0, 1.0
+        room = min(row.answer.budget - row.issued,
+                   self.context_length - len(row.work.prompt) - row.issued) - 1
+        policy = spec.policy
+        if policy is None:
+            want = spec.depth
+        elif row.park_left > 0:
+            row.park_left -= 1
+            return 0, 1.0
+        elif row.probe:
+            row.probe = False
+            want = min(spec.depth, policy.best(lowest=1))
+        else:
+            want = min(spec.depth, policy.best())
+            if want == 0:
+                row.park_left, row.probe = PARK_TOKENS - 1, True
+                return 0, 1.0
+        depth = max(0, min(want, room))
+        expected = (policy.expected(depth) if policy is not None
+                    else spec.stats.expected_tokens(depth))
+        return depth, expected
+
+    def _sample(self, logits: mx.array, rows: list[Row]) -> mx.array:
+        """One token per row of logits (B, V), each by its row's own rule and position."""
+        greedy = mx.argmax(logits, axis=-1)
+        if all(r.params.temperature == 0 for r in rows):
+            return greedy
+        parts = []
+        for b, r in enumerate(rows):
+            if r.params.temperature == 0:
+                parts.append(greedy[b : b + 1])
+            else:
+                parts.append(r.draws.token(logits[b : b + 1], r.params, r.issued))
+        return mx.concatenate(parts)
+
+    def _plain_step(self, lane: Lane) -> None:
+        rows = lane.rows
+        B = len(rows)
+        feeds = [r.feed for r in rows]
+        x = mx.concatenate(feeds)[:, None]  # type: ignore[arg-type]
+        lane.cache.begin([1] * B, 1)
+        logits = self.model(x, cache=lane.cache.layers)[:, -1, :]
+        lane.cache.end()
+        new = self._sample(logits, rows)
+        mx.async_eval(new)  # type: ignore[no-untyped-call]  # MLX ships it unannotated
+        # The next step is on its way; now the host reads this step's inputs.
+        unread = [b for b, r in enumerate(rows) if r.unread]
+        if unread:
+            values = _ints(mx.concatenate([feeds[b] for b in unread]))  # type: ignore[misc]
+            for b, token in zip(unread, values, strict=True):
+                self._take(rows[b], [token])
+        for b, r in enumerate(rows):
+            r.feed = new[b : b + 1]
+            r.unread = True
+            r.issued += 1
+
+    def _take(self, row: Row, tokens: list[int]) -> None:
+        for token in tokens:
+            if row.answer.done:
+                return
+            row.answer.take(token)
+            if not row.answer.done or token not in row.answer.eos:
+                self.on_token()
+            spec = row.work.spec
+            if row.speculating and spec is not None and spec.drafter is not None \
+                    and len(tokens) == 1:
+                try:
+                    spec.drafter.plain(token)
+                except Exception as exc:
+                    log.warning("drafter_failed", error=repr(exc), request_id=row.rid)
+                    row.speculating = False
+                    row.report.state = "declined:drafter_error"
+
+    def _verify_step(self, lane: Lane, depths: list[int]) -> None:
+        rows = lane.rows
+        # Read what plain steps left in flight: drafts start from the last token.
+        unread = [b for b, r in enumerate(rows) if r.unread]
+        if unread:
+            values = _ints(mx.concatenate([rows[b].feed for b in unread]))  # type: ignore[misc]
+            for b, token in zip(unread, values, strict=True):
+                rows[b].unread = False
+                self._take(rows[b], [token])
+        drafts: list[Any] = []
+        for b, r in enumerate(rows):
+            k = depths[b] if not r.answer.done else 0
+            draft = None
+            spec = r.work.spec
+            if k > 0 and spec is not None and spec.drafter is not None:
+                try:
+                    draft = spec.drafter.propose(k, r.params, r.draws, r.issued)
+                except Exception as exc:  # a drafter's fault is a decline, never a failure
+                    log.warning("drafter_failed", error=repr(exc), request_id=r.rid)
+                    r.speculating = False
+                    r.report.state = "declined:drafter_error"
+                    draft = None
+            drafts.append(draft if draft is not None and draft.k > 0 else None)
+        counts = [1 + (d.k if d is not None else 0) for d in drafts]
+        n = max(counts)
+        pad = mx.zeros((n,), dtype=mx.uint32)
+        block = mx.stack([
+            mx.concatenate([r.feed, d.tokens, pad[: n - c]]) if d is not None  # type: ignore[list-item]
+            else mx.concatenate([r.feed, pad[: n - 1]])  # type: ignore[list-item]
+            for r, d, c in zip(rows, drafts, counts, strict=True)])
+        lane.cache.begin(counts, n)
+        if n > 1 and lane.cache.recurrent_layers:
+            with recurrent.recording():
+                logits = self.model(block, cache=lane.cache.layers)  # (B, n, V)
+        else:
+            logits = self.model(block, cache=lane.cache.layers)
+        lane.cache.end()
+        verdicts: list[tuple[mx.array, mx.array]] = []
+        for b, (r, d) in enumerate(zip(rows, drafts, strict=True)):
+            if d is None:
+                first = logits[b : b + 1, 0, :]
+                pick = (r.draws.token(first, r.params, r.issued) if r.params.temperature > 0
+                        else mx.argmax(first, axis=-1))
+                verdicts.append((mx.array([0]), pick))
+                continue
+            own = logits[b : b + 1, : d.k + 1, :]
+            if r.params.temperature == 0:
+                verdicts.append(verify_greedy(own, d.tokens[None]))
+            elif isinstance(r.draws, Keyed):
+                verdicts.append(verify_greedy(r.draws.scores(own, r.params, r.issued),
+                                              d.tokens[None]))
+            else:
+                probs = d.probs[None] if d.probs is not None else None
+                assert not isinstance(r.draws, Keyed)
+                verdicts.append(verify_sampled(draft_probs(own, r.params), d.tokens[None], probs,
+                                               r.draws.next_key()))
+        flat = [a for v in verdicts for a in v]
+        mx.eval(flat, [d.tokens for d in drafts if d is not None])
+        keeps = []
+        outs: list[list[int]] = []
+        for (n_arr, t_arr), d in zip(verdicts, drafts, strict=True):
+            kept, token = _ints(n_arr)[0], _ints(t_arr)[0]
+            tokens = _ints(d.tokens) if d is not None else []
+            keeps.append(kept + 1)
+            outs.append([*tokens[:kept], token])
+        lane.cache.roll_back(keeps, n)
+        if lane.cache.holes() > SLACK:
+            lane.cache.compact()
+        for r, d, out, keep in zip(rows, drafts, outs, keeps, strict=True):
+            r.issued += len(out)
+            r.feed = mx.array([out[-1]], dtype=mx.uint32)
+            r.unread = False
+            spec = r.work.spec
+            if d is not None and spec is not None:
+                kept = keep - 1
+                self._account(r, spec, d.k, kept)
+                assert spec.drafter is not None
+                try:
+                    spec.drafter.settle(kept, d.k, out[-1], out[:-1] + [0] * (d.k - kept))
+                except Exception as exc:
+                    log.warning("drafter_failed", error=repr(exc), request_id=r.rid)
+                    r.speculating = False
+                    r.report.state = "declined:drafter_error"
+                for token in out:
+                    if r.answer.done:
+                        break
+                    r.answer.take(token)
+                    if not (r.answer.done and token in r.answer.eos):
+                        self.on_token()
+            else:
+                self._take(r, out)
+
+    def _account(self, row: Row, spec: Speculation, drafted: int, kept: int) -> None:
+        report = row.report
+        row.last_kept = kept
+        if len(self._batch_of(row)) > 1:  # alone, the step's time goes in with it
+            observe(spec.stats, drafted, kept, None)
+        if spec.policy is not None:
+            spec.policy.observe(drafted, kept)
+        report.state = "accelerated"
+        report.drafts += 1
+        report.draft_tokens += drafted
+        report.accepted_tokens += kept
+        while len(report.accepted_per_position) < drafted:
+            report.accepted_per_position.append(0)
+        for i in range(kept):
+            report.accepted_per_position[i] += 1
+
+    def _batch_of(self, row: Row) -> list[Row]:
+        lane = self.lanes.get(row.work.kv)
+        return lane.rows if lane is not None else []
+
+    # -- leaving ----------------------------------------------------------------
+
+    def _cancels(self) -> None:
+        for row in [r for r in self.joining if r.work.cancelled()]:
+            self.joining.remove(row)
+            self._finish(row, RowCancelled())
+        for lane in self.lanes.values():
+            if any(r.work.cancelled() for r in lane.rows):
+                for r in lane.rows:
+                    if r.work.cancelled():
+                        self._finish(r, RowCancelled())
+                self._leave(lane)
+
+    def _leave(self, lane: Lane) -> None:
+        keep: list[int] = []
+        gone: list[int] = []
+        for b, r in enumerate(lane.rows):
+            if r.answer.done and not r.answer.closed:
+                self._finish(r, None)
+            (gone if r.answer.closed else keep).append(b)
+        if gone:
+            lane.rows = [lane.rows[b] for b in keep]
+            lane.cache.drop(keep)
+
+    def _finish(self, row: Row, error: BaseException | None) -> None:
+        """The row ends: its answer, or its error, goes back to the worker."""
+        work = row.work
+        row.answer.done = True
+        result = None
+        if error is None:
+            row.answer.close()
+            result = DecodeResult(row.answer.text, row.answer.finish, len(work.prompt),
+                                  row.answer.produced, row.report,
+                                  work.resume.start if work.resume is not None else 0,
+                                  row.answer.ids)
+        else:
+            row.answer.closed = True
+        if work.finish is not None:  # the prompt cache keeps its copy while the row's
+            work.finish(error is None or isinstance(error, RowCancelled))  # room is held
+        self.budget.release(work.reserve)
+        try:
+            work.done(work, result, error)
+        except Exception:
+            log.exception("row_done_failed", request_id=row.rid)
+
+
+
+def _ints(a: mx.array) -> list[int]:
+    """A (n,) integer array's values on the host."""
+    values: Any = a.tolist()
+    return [int(v) for v in values]
+
+
+def _nbytes(cache: list[Any] | None) -> int:
+    total = 0
+    for c in cache or []:
+        try:
+            total += int(c.nbytes)
+        except Exception:  # a layer that cannot say (empty, or not a cache at all)
+            continue
+    return total

@@ -1,0 +1,172 @@
+"""The batch engine in-process, on the packaged demo pair: rows with their own sampling
+parameters, seeds, stops, lanes and drafters decode together; a row that is cancelled,
+whose drafter fails or whose prefill fails ends alone; the engine runs on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from seatd.adaptive import DepthStats
+from seatd.batch import Engine, RowCancelled, Work
+from seatd.decode import DecodeResult, Resume, Speculation, decode, output_width
+from seatd.drafters import Draft, ModelDrafter
+from seatd.kv_budget import KVBudget
+from seatd.sampling import Draws
+from shared.protocol import Generate, SamplingParams
+
+PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):",
+           "import os\n\ndef walk(path):", "# sort a list\ndef quicksort(xs):"]
+PARAMS = [SamplingParams(max_tokens=24, temperature=0),
+          SamplingParams(max_tokens=20, temperature=0.7, seed=5),
+          SamplingParams(max_tokens=24, temperature=0, stop=["\n\n"]),
+          SamplingParams(max_tokens=22, temperature=1.0, seed=9, top_p=0.9)]
+LANES = ["fp16", "q8", "fp16", "q8"]
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Any, Any, Any]:
+    from seatd.model_load import load_for_compute
+    from shared.builtin import resolve_model
+
+    target = load_for_compute(resolve_model("builtin:demo"), None)
+    drafter = load_for_compute(resolve_model("builtin:demo-drafter"), None)
+    return target.model, target.tokenizer, drafter.model
+
+
+@dataclass
+class Run:
+    results: dict[int, tuple[DecodeResult | None, BaseException | None]] = field(
+        default_factory=dict)
+    streamed: dict[int, list[str]] = field(default_factory=dict)
+    cancel: set[int] = field(default_factory=set)
+
+
+class BrokenDrafter(ModelDrafter):
+    """A drafter that raises on its second proposal."""
+
+    calls = 0
+
+    def propose(self, k: int, params: SamplingParams, draws: Draws, position: int) -> Draft:
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("drafter fault")
+        return super().propose(k, params, draws, position)
+
+
+def run(pair: tuple[Any, Any, Any], *, spec: Sequence[str | None] = (None,) * 4,
+        stream: bool = True, cancel_after: dict[int, int] | None = None,
+        broken_cache: int | None = None) -> Run:
+    model, tok, drafter = pair
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    out = Run()
+    cancel_after = cancel_after or {}
+    for i, (prompt, params, kv) in enumerate(zip(PROMPTS, PARAMS, LANES, strict=True)):
+        out.streamed[i] = []
+
+        def emit(text: str, count: int, state: str, i: int = i) -> None:
+            if stream:
+                out.streamed[i].append(text)
+            if count >= cancel_after.get(i, 1 << 30):
+                out.cancel.add(i)
+
+        def done(work: Work, result: DecodeResult | None, error: BaseException | None,
+                 i: int = i) -> None:
+            out.results[i] = (result, error)
+
+        kind = spec[i]
+        plan = None
+        if kind is not None:
+            d = BrokenDrafter(drafter) if kind == "broken" else ModelDrafter(drafter)
+            plan = Speculation(d, 3, DepthStats())
+        resume = Resume(cache=[object()], start=2) if i == broken_cache else None
+        engine.submit(Work(Generate(str(i), stream, params, prompt=prompt), tok.encode(prompt),
+                           kv, emit, lambda i=i: i in out.cancel, done, spec=plan,
+                           resume=resume))
+    while len(out.results) < len(PROMPTS):
+        engine.step()
+    assert not engine.rows() and not engine.lanes
+    assert engine.budget.rows == []
+    return out
+
+
+def alone(pair: tuple[Any, Any, Any], i: int) -> str:
+    model, tok, _ = pair
+    return decode(model, tok, tok.encode(PROMPTS[i]), PARAMS[i], kv=LANES[i],
+                  context_length=2048).text
+
+
+def test_rows_answer_as_their_requests_alone(pair: tuple[Any, Any, Any]) -> None:
+    plain = run(pair)
+    fast = run(pair, spec=("model",) * 4, stream=False)
+    for i in range(4):
+        result, error = plain.results[i]
+        assert error is None and result is not None
+        assert "".join(plain.streamed[i]) == result.text  # stream pieces make the answer
+        assert result.speculation.state == "off"
+        spec_result, spec_error = fast.results[i]
+        assert spec_error is None and spec_result is not None
+        assert spec_result.speculation.state == "accelerated", i
+        # Greedy and seeded rows: the same bytes with and without speculation, batched.
+        assert spec_result.text == result.text, i
+        assert result.text == alone(pair, i), i
+    assert plain.results[2][0] is not None and plain.results[2][0].finish_reason == "stop"
+
+
+def test_a_cancelled_row_leaves_the_others_whole(pair: tuple[Any, Any, Any]) -> None:
+    ref = run(pair, spec=("model", None, "model", None))
+    got = run(pair, spec=("model", None, "model", None), cancel_after={1: 3})
+    result, error = got.results[1]
+    assert result is None and isinstance(error, RowCancelled)
+    for i in (0, 2, 3):
+        assert got.results[i][1] is None
+        assert got.results[i][0] is not None and ref.results[i][0] is not None
+        assert got.results[i][0].text == ref.results[i][0].text, i
+
+
+def test_a_failing_drafter_declines_its_row_only(pair: tuple[Any, Any, Any]) -> None:
+    ref = run(pair)
+    got = run(pair, spec=("broken", "model", "model", "model"))
+    states = [r.speculation.state for r, _ in (got.results[i] for i in range(4))
+              if r is not None]
+    assert states == ["declined:drafter_error", "accelerated", "accelerated", "accelerated"]
+    for i in range(4):
+        assert got.results[i][0] is not None and ref.results[i][0] is not None
+        assert got.results[i][0].text == ref.results[i][0].text, i
+
+
+def test_a_failing_prefill_fails_its_row_only(pair: tuple[Any, Any, Any]) -> None:
+    ref = run(pair)
+    got = run(pair, broken_cache=2)
+    result, error = got.results[2]
+    assert result is None and error is not None and not isinstance(error, RowCancelled)
+    for i in (0, 1, 3):
+        assert got.results[i][0] is not None and ref.results[i][0] is not None
+        assert got.results[i][0].text == ref.results[i][0].text, i
+
+
+def test_a_model_that_cannot_batch_serves_one_row_at_a_time(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caches the batch cannot hold (sliding windows, ...) fall back to one row at a time
+    in mlx-lm's own cache: the same answers, never two rows in one forward."""
+    from seatd import batch
+    from seatd.rows_cache import OneRow
+
+    ref = run(pair, spec=("model", None, "model", None))
+    monkeypatch.setattr(batch, "lane_cache", lambda model, kv: OneRow(model, kv))
+    sizes: list[int] = []
+    real = batch.Engine._decode
+
+    def watched(self: Engine, lane: Any) -> None:
+        sizes.append(len(lane.rows))
+        real(self, lane)
+
+    monkeypatch.setattr(batch.Engine, "_decode", watched)
+    got = run(pair, spec=("model", None, "model", None))
+    assert set(sizes) == {1}
+    for i in range(4):
+        assert got.results[i][0] is not None and ref.results[i][0] is not None
+        assert got.results[i][0].text == ref.results[i][0].text, i

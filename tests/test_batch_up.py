@@ -1,0 +1,172 @@
+"""Continuous batching through `sanctum up` with the packaged default seat (adaptive
+speculation on the demo pair): eight concurrent seeded requests of different lengths,
+sampling parameters, doors and KV lanes decode as rows of one batch.
+
+- each streamed answer equals its own sync answer sent in the same batch conditions
+  (all eight at once, the same way);
+- a client that leaves mid-stream and a row whose prefill fails (an injected fault)
+  end alone: the six others still give the same answers;
+- the seat's counters reconcile with what the clients got: served, completion tokens,
+  cancelled, failed, and every served request accelerated or declined with a reason;
+- the steps really ran batched (`batch_steps` by batch size).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+import shared
+from tests.procs import Sanctum, free_port
+from tests.spec_models import snippet
+
+pytestmark = pytest.mark.slow
+
+MARKER = "<<fail this row>>"
+# (door, kv lane, temperature, top_p, seed, max_tokens, prompt length in chars, stop)
+REQUESTS: list[tuple[str, str, float, float, int, int, int, list[str] | None]] = [
+    ("chat", "fp16", 0.0, 1.0, 1, 40, 200, None),
+    ("completions", "fp16", 0.7, 0.9, 2, 32, 900, None),
+    ("chat", "q8", 1.0, 1.0, 3, 24, 400, None),
+    ("completions", "q8", 0.4, 0.95, 4, 48, 120, ["\n\n\n"]),
+    ("completions", "fp16", 0.0, 1.0, 5, 16, 1500, None),
+    ("chat", "fp16", 0.8, 0.8, 6, 36, 60, None),
+    ("completions", "q8", 0.0, 1.0, 7, 28, 700, None),
+    ("chat", "fp16", 0.6, 1.0, 8, 44, 300, None),
+]
+
+
+@pytest.fixture(scope="module")
+def up() -> Iterator[Sanctum]:
+    port = free_port()
+    default = (Path(shared.__file__).parent / "default_config.toml").read_text()
+    config = default.replace('listen = "127.0.0.1:8800"', f'listen = "127.0.0.1:{port}"')
+    s = Sanctum(config, port=port, env={"SANCTUM_FAULT_ROW": MARKER})
+    try:
+        s.wait_ready(("demo",))
+        yield s
+    except BaseException:
+        s.kill_everything()
+        raise
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(up: Sanctum) -> openai.OpenAI:
+    return openai.OpenAI(base_url=up.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+
+def ask(client: openai.OpenAI, i: int, stream: bool, *, leave_after: int | None = None,
+        fail: bool = False) -> dict[str, Any]:
+    door, kv, temperature, top_p, seed, max_tokens, length, stop = REQUESTS[i]
+    prompt = snippet(length) + (MARKER if fail else "")
+    args: dict[str, Any] = dict(model="demo", max_tokens=max_tokens, temperature=temperature,
+                                top_p=top_p, seed=seed, stop=stop,
+                                extra_body={"sanctum": {"kv": kv}})
+    if door == "chat":
+        messages = [{"role": "user", "content": prompt}]
+        if not stream:
+            r = client.chat.completions.create(messages=messages, **args)  # type: ignore[arg-type]
+            assert r.usage is not None
+            return {"text": r.choices[0].message.content or "", "tokens": r.usage.completion_tokens,
+                    "sanctum": r.model_extra["sanctum"]}  # type: ignore[index]
+        chunks = client.chat.completions.create(messages=messages, stream=True,
+                                                stream_options={"include_usage": True},
+                                                **args)  # type: ignore[arg-type]
+        def piece(c: Any) -> str:
+            return (c.choices[0].delta.content or "") if c.choices else ""
+    else:
+        if not stream:
+            c = client.completions.create(prompt=prompt, **args)
+            assert c.usage is not None
+            return {"text": c.choices[0].text, "tokens": c.usage.completion_tokens,
+                    "sanctum": c.model_extra["sanctum"]}  # type: ignore[index]
+        chunks = client.completions.create(prompt=prompt, stream=True,
+                                           stream_options={"include_usage": True}, **args)
+        def piece(c: Any) -> str:
+            return c.choices[0].text if c.choices else ""
+    text, tokens, seen, facts = "", 0, 0, None
+    for chunk in chunks:
+        seen += 1
+        if leave_after is not None and seen >= leave_after:
+            chunks.close()
+            return {"left": True}
+        text += piece(chunk)
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+        facts = (chunk.model_extra or {}).get("sanctum", facts)
+    return {"text": text, "tokens": tokens, "sanctum": facts}
+
+
+def all_at_once(client: openai.OpenAI, stream: bool, leave: int | None = None,
+                fail: int | None = None) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    go = threading.Barrier(len(REQUESTS))
+
+    def one(i: int) -> None:
+        go.wait()
+        try:
+            out[i] = ask(client, i, stream, leave_after=3 if i == leave else None,
+                         fail=i == fail)
+        except openai.APIStatusError as exc:
+            out[i] = {"status": exc.status_code, "error": exc.body}
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(REQUESTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert len(out) == len(REQUESTS)
+    return out
+
+
+def seat(up: Sanctum) -> dict[str, Any]:
+    import json
+
+    from tests.procs import http
+
+    return json.loads(http("GET", up.url + "/counters")[2])["seats"]["demo"]
+
+
+def test_rows_batch_stream_equals_sync_and_faults_stay_in_their_row(
+        up: Sanctum, client: openai.OpenAI) -> None:
+    before = seat(up)
+    streamed = all_at_once(client, stream=True)
+    synced = all_at_once(client, stream=False)
+    for i in range(len(REQUESTS)):
+        assert streamed[i]["text"] == synced[i]["text"], (i, REQUESTS[i])
+        assert streamed[i]["tokens"] == synced[i]["tokens"] > 0, i
+        assert streamed[i]["sanctum"]["seat"] == "demo"
+
+    # One client leaves after three chunks, one row fails in its prefill.
+    leave, fail = 1, 4
+    faulted = all_at_once(client, stream=True, leave=leave, fail=fail)
+    assert faulted[leave] == {"left": True}
+    assert faulted[fail]["status"] >= 500, faulted[fail]
+    for i in set(range(len(REQUESTS))) - {leave, fail}:
+        assert faulted[i]["text"] == streamed[i]["text"], i
+
+    served = [a for run in (streamed, synced, faulted) for a in run.values() if "text" in a]
+    deadline = time.monotonic() + 30  # the cancel reaches the seat after the client left
+    after = seat(up)
+    while after["cancelled"] == before["cancelled"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+        after = seat(up)
+    assert after["served"] - before["served"] == len(served) == 3 * len(REQUESTS) - 2
+    assert after["completion_tokens"] - before["completion_tokens"] == sum(
+        a["tokens"] for a in served)
+    assert after["cancelled"] - before["cancelled"] == 1
+    assert after["failed"] - before["failed"] == 1
+    declined = sum(after["declined"].values()) - sum(before["declined"].values())
+    assert after["accelerated"] - before["accelerated"] + declined == len(served)
+    states = {a["sanctum"]["speculation"] for a in served}
+    assert states <= {"accelerated"} | {s for s in states if s.startswith("declined:")}
+    sizes = {int(k): v for k, v in after["batch_steps"].items()}
+    assert max(sizes) >= 4, sizes  # rows really decoded together
+    assert after["rows_active"] == 0 or after["rows_active"] <= len(REQUESTS)
