@@ -6,7 +6,8 @@ It pongs like a ready worker and answers a `Generate` with `max_tokens` one-toke
 chunks and a `Final(ok)`, as fast as it can.  Timing the proxy in front of it,
 against calling it directly, measures what the proxy adds and nothing else.
 Unlike the fault-injecting fake in tests/fakes, it logs nothing per request: any
-work here would be charged to the proxy.
+work here would be charged to the proxy.  Both build on the seat side of the
+protocol in shared/seat_side.py.
 """
 
 from __future__ import annotations
@@ -16,13 +17,8 @@ import os
 import signal
 from types import FrameType
 
-import msgspec
-import zmq
-
-from shared import protocol
-from shared.config import unlink_endpoint
+from shared import protocol, seat_side
 from shared.protocol import (
-    BadFrame,
     Chunk,
     CountersReply,
     Final,
@@ -31,10 +27,10 @@ from shared.protocol import (
     Ok,
     Ping,
     Pong,
-    Shutdown,
     Started,
     Usage,
 )
+from shared.seat_side import SeatSocket
 
 TOKEN = "x"
 BIG = 1 << 20
@@ -60,11 +56,36 @@ def answer(message: protocol.Request, seat: str, served: int) -> tuple[list[byte
             return [], served
 
 
+class NullSeat:
+    """The seat-side handler (shared/seat_side.py): every answer at once, from `answer`."""
+
+    def __init__(self, name: str, socket: SeatSocket) -> None:
+        self.name = name
+        self.socket = socket
+        self.served = 0
+
+    def pong(self, ping: Ping) -> Pong:
+        frames, _ = answer(ping, self.name, self.served)
+        reply = protocol.reply_decoder.decode(frames[0])
+        assert isinstance(reply, Pong)
+        return reply
+
+    def generate(self, peer: bytes, gen: Generate) -> None:
+        frames, self.served = answer(gen, self.name, self.served)
+        for frame in frames:
+            self.socket.sock.send_multipart([peer, frame])
+
+    def cancel(self, peer: bytes, request_id: str) -> None:
+        pass  # every request is answered before its cancel could arrive
+
+    def counters(self) -> dict[str, object]:
+        return {"served": self.served}
+
+    def tick(self) -> float | None:
+        return None
+
+
 def serve(endpoint: str, seat: str) -> None:
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(endpoint)
     stop = False
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -73,26 +94,11 @@ def serve(endpoint: str, seat: str) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    served = 0
+    socket = SeatSocket(endpoint)
     try:
-        while not stop:
-            if not sock.poll(200):
-                continue
-            identity, *_, payload = sock.recv_multipart()
-            try:
-                message = protocol.request_decoder.decode(payload)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                sock.send_multipart([identity, protocol.encode(BadFrame(str(exc)))])
-                continue
-            if isinstance(message, Shutdown):
-                break
-            frames, served = answer(message, seat, served)
-            for frame in frames:
-                sock.send_multipart([identity, frame])
+        seat_side.serve(socket, NullSeat(seat, socket), lambda: stop)
     finally:
-        sock.close(linger=0)
-        ctx.term()
-        unlink_endpoint(endpoint)
+        socket.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ faults a real model cannot be made to produce on demand:
     slow               one chunk every 50 ms until cancelled or `--tokens` reached
 
 Every request, cancel and token is appended to the JSONL log for the test to read.
+It builds on the seat side of the protocol (shared/seat_side.py), as the null seat does.
 """
 
 from __future__ import annotations
@@ -29,17 +30,12 @@ import os
 import signal
 import time
 
-import zmq
-
 from shared import protocol
 from shared.protocol import (
-    Cancel,
     Chunk,
-    CountersReply,
     Failed,
     Final,
     Generate,
-    GetCounters,
     Ok,
     Ping,
     Pong,
@@ -47,6 +43,100 @@ from shared.protocol import (
     Started,
     Usage,
 )
+from shared.seat_side import SeatSocket, serve
+
+
+class FakeSeat:
+    """The seat-side handler (shared/seat_side.py) that plays `mode`."""
+
+    def __init__(self, args: argparse.Namespace, socket: SeatSocket) -> None:
+        self.name = args.name
+        self.mode = args.mode
+        self.tokens = args.tokens
+        self.socket = socket
+        self.served = 0
+        self.incarnation = 1
+        self.log = open(args.log, "a", buffering=1)
+        self.ready = args.mode != "not_ready"
+        # Active streams: request id -> (identity, tokens sent, request)
+        self.active: dict[str, tuple[bytes, int, Generate]] = {}
+        self.next_tick = time.monotonic()
+
+    def note(self, **event: object) -> None:
+        self.log.write(json.dumps({"t": time.time(), **event}) + "\n")
+
+    def send(self, identity: bytes, msg: protocol.Reply) -> None:
+        self.socket.send(identity, msg)
+
+    def pong(self, ping: Ping) -> Pong:
+        return Pong(self.name, os.getpid(), self.incarnation, self.ready, bool(self.active),
+                    ping.sent_at, 4096, 8192, "fake")
+
+    def counters(self) -> dict[str, object]:
+        return {"served": self.served, "incarnation": self.incarnation}
+
+    def cancel(self, identity: bytes, rid: str) -> None:
+        self.note(event="cancel", request_id=rid, tokens=self.active.get(rid, (b"", 0))[1])
+        if rid in self.active:
+            self.active.pop(rid)
+            self.send(identity, Final(rid, protocol.Cancelled(), self.name, self.served,
+                                      self.incarnation))
+
+    def generate(self, identity: bytes, msg: Generate) -> None:
+        rid, mode = msg.request_id, self.mode
+        self.note(event="generate", request_id=rid, stream=msg.stream)
+        if mode not in ("not_ready", "crash_before_first", "hang", "queued"):
+            self.send(identity, Started(rid))
+        if mode == "not_ready":
+            self.send(identity, Final(rid, Failed("not_ready"), self.name, self.served,
+                                      self.incarnation))
+        elif mode == "reject413":
+            self.send(identity, Final(rid, Rejected(
+                413, "prompt_too_long", "prompt has 9000 tokens; cap 4096",
+                {"prompt_tokens": 9000, "cap": 4096, "seat": self.name,
+                 "limit": "seat_cap"}), self.name, self.served, self.incarnation))
+        elif mode == "internal_error":
+            self.send(identity, Final(rid, Failed("internal_error", "boom"), self.name,
+                                      self.served, self.incarnation))
+        elif mode == "crash_before_first":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif mode == "hang":
+            self.note(event="hanging")
+            while True:
+                time.sleep(3600)
+        elif mode in ("silent", "queued"):
+            pass  # started (silent) or never started (queued); never answered
+        else:
+            self.active[rid] = (identity, 0, msg)
+
+    def finish(self, identity: bytes, rid: str, n: int) -> None:
+        self.served += 1
+        speculation = "declined:no_drafter" if self.mode == "decline" else "off"
+        # Noted before it is sent: a test that reads the log after its answer sees it.
+        self.note(event="final", request_id=rid, served=self.served, tokens=n)
+        self.send(identity, Final(rid, Ok(), self.name, self.served, self.incarnation,
+                                  "length", Usage(5, n), speculation))
+
+    def tick(self) -> float | None:
+        if not self.active:
+            return None
+        now = time.monotonic()
+        if now < self.next_tick:
+            return self.next_tick - now
+        slow = self.mode in ("slow", "stall", "crash_midstream")
+        self.next_tick = now + (0.05 if slow else 0.0)
+        for rid, (identity, n, req) in list(self.active.items()):
+            if self.mode == "stall" and n >= 2:
+                continue
+            if self.mode == "crash_midstream" and n >= 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            n += 1
+            self.send(identity, Chunk(rid, f"t{n} ", n, self.served + 1))
+            self.active[rid] = (identity, n, req)
+            if n >= self.tokens:
+                self.active.pop(rid)
+                self.finish(identity, rid, n)
+        return max(0.0, self.next_tick - time.monotonic())
 
 
 def main() -> None:
@@ -57,111 +147,18 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--log", required=True)
     args = ap.parse_args()
-
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(args.endpoint)
-    served = 0
-    incarnation = 1
-    log = open(args.log, "a", buffering=1)
-    cancelled: set[str] = set()
-    muted: set[str] = set()
-    ready = args.mode != "not_ready"
-    # Active streams: request id -> (identity, tokens sent, request)
-    active: dict[str, tuple[bytes, int, Generate]] = {}
-    next_tick = time.monotonic()
     stop = False
-
-    def note(**event: object) -> None:
-        log.write(json.dumps({"t": time.time(), **event}) + "\n")
-
-    def send(identity: bytes, msg: object) -> None:
-        sock.send_multipart([identity, protocol.encode(msg)])  # type: ignore[arg-type]
-
-    def finish(identity: bytes, rid: str, n: int) -> None:
-        nonlocal served
-        served += 1
-        speculation = "declined:no_drafter" if args.mode == "decline" else "off"
-        # Noted before it is sent: a test that reads the log after its answer sees it.
-        note(event="final", request_id=rid, served=served, tokens=n)
-        send(identity, Final(rid, Ok(), args.name, served, incarnation, "length",
-                             Usage(5, n), speculation))
 
     def on_term(*_: object) -> None:
         nonlocal stop
         stop = True
 
     signal.signal(signal.SIGTERM, on_term)
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
-    while not stop:
-        timeout = max(0, int((next_tick - time.monotonic()) * 1000)) if active else 100
-        if dict(poller.poll(timeout)).get(sock):
-            identity, payload = sock.recv_multipart()
-            msg = protocol.request_decoder.decode(payload)
-            match msg:
-                case Ping(sent_at=sent_at):
-                    send(identity, Pong(args.name, os.getpid(), incarnation, ready,
-                                        bool(active), sent_at, 4096, 8192, "fake"))
-                case GetCounters():
-                    send(identity, CountersReply(args.name, {"served": served,
-                                                             "incarnation": incarnation}))
-                case Cancel(request_id=rid):
-                    note(event="cancel", request_id=rid,
-                         tokens=active.get(rid, (b"", 0))[1])
-                    cancelled.add(rid)
-                    if rid in active:
-                        active.pop(rid)
-                        send(identity, Final(rid, protocol.Cancelled(), args.name, served,
-                                             incarnation))
-                case Generate(request_id=rid):
-                    note(event="generate", request_id=rid, stream=msg.stream)
-                    mode = args.mode
-                    if mode not in ("not_ready", "crash_before_first", "hang", "queued"):
-                        send(identity, Started(rid))
-                    if mode == "not_ready":
-                        send(identity, Final(rid, Failed("not_ready"), args.name, served,
-                                             incarnation))
-                    elif mode == "reject413":
-                        send(identity, Final(rid, Rejected(
-                            413, "prompt_too_long", "prompt has 9000 tokens; cap 4096",
-                            {"prompt_tokens": 9000, "cap": 4096, "seat": args.name,
-                             "limit": "seat_cap"}), args.name, served, incarnation))
-                    elif mode == "internal_error":
-                        send(identity, Final(rid, Failed("internal_error", "boom"), args.name,
-                                             served, incarnation))
-                    elif mode == "crash_before_first":
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    elif mode == "hang":
-                        note(event="hanging")
-                        while True:
-                            time.sleep(3600)
-                    elif mode in ("silent", "queued"):
-                        muted.add(rid)
-                    else:
-                        active[rid] = (identity, 0, msg)
-        now = time.monotonic()
-        if active and now >= next_tick:
-            next_tick = now + (0.05 if args.mode in ("slow", "stall", "crash_midstream") else 0.0)
-            for rid, (identity, n, req) in list(active.items()):
-                if args.mode == "stall" and n >= 2:
-                    continue
-                if args.mode == "crash_midstream" and n >= 3:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                n += 1
-                send(identity, Chunk(rid, f"t{n} ", n, served + 1))
-                active[rid] = (identity, n, req)
-                if n >= args.tokens:
-                    active.pop(rid)
-                    finish(identity, rid, n)
-    sock.close(linger=0)
-    ctx.term()
-    if args.endpoint.startswith("ipc://"):
-        try:
-            os.unlink(args.endpoint[6:])
-        except FileNotFoundError:
-            pass
+    socket = SeatSocket(args.endpoint)
+    try:
+        serve(socket, FakeSeat(args, socket), lambda: stop)
+    finally:
+        socket.close()
 
 
 if __name__ == "__main__":
