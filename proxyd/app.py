@@ -145,7 +145,10 @@ async def health(request: web.Request) -> web.Response:
         seats[name] = {"ready": c.ready, "alive": c.alive, "busy": bool(pong and pong.busy),
                        "incarnation": pong.incarnation if pong else None,
                        "pid": pong.pid if pong else None,
-                       "queued": pong.queued if pong else 0}
+                       "queued": pong.queued if pong else 0,
+                       "rows": pong.rows if pong else 0,
+                       "max_batch": pong.max_batch if pong else 0,
+                       "kv_bytes": pong.kv_bytes if pong else 0}
     ready = any(s["ready"] for s in seats.values())
     return json_response({"status": "ok" if ready else "degraded", "seats": seats})
 
@@ -166,7 +169,10 @@ async def counters(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     proxy = request.app[PROXY]
-    body = render_metrics(proxy.counters, await proxy.seat_counters())
+    live = {name: {"rows_active": c.pong.rows, "rows_queued": c.pong.queued,
+                   "kv_bytes": c.pong.kv_bytes}
+            for name, c in proxy.clients.items() if isinstance(c, SeatClient) and c.pong}
+    body = render_metrics(proxy.counters, await proxy.seat_counters(), live)
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 

@@ -58,10 +58,17 @@ class ProxyCounters:
         return out
 
 
+# Seat values that are a state now, not a total: rendered as gauges.
+SEAT_GAUGES = ("prompt_cache_entries", "prompt_cache_bytes", "rows_active", "rows_queued",
+               "kv_bytes", "incarnation")
+
+
 class _Snapshot(Collector):
-    def __init__(self, proxy: ProxyCounters, seats: Mapping[str, Mapping[str, Any] | None]) -> None:
+    def __init__(self, proxy: ProxyCounters, seats: Mapping[str, Mapping[str, Any] | None],
+                 live: Mapping[str, Mapping[str, int]]) -> None:
         self.proxy = proxy
         self.seats = seats
+        self.live = live
 
     def collect(self) -> Iterator[Metric]:
         for name, value in self.proxy.plain.items():
@@ -76,10 +83,18 @@ class _Snapshot(Collector):
         up = GaugeMetricFamily("sanctum_seat_up", "seat answered its counters", labels=["seat"])
         plain: dict[str, CounterMetricFamily] = {}
         labelled: dict[str, CounterMetricFamily] = {}
+        gauges: dict[str, GaugeMetricFamily] = {}
         for seat, counters in self.seats.items():
             up.add_metric([seat], 0 if counters is None else 1)
+            # The batch's state from the seat's last heartbeat, fresher than its counters.
+            state = {**(counters or {}), **self.live.get(seat, {})}
+            for key in SEAT_GAUGES:
+                if isinstance(state.get(key), int):
+                    fam_g = gauges.setdefault(key, GaugeMetricFamily(
+                        f"sanctum_seat_{key}", f"seat {key} now", labels=["seat"]))
+                    fam_g.add_metric([seat], state[key])
             for key, value in (counters or {}).items():
-                if isinstance(value, bool) or key in ("started_at",):
+                if isinstance(value, bool) or key in ("started_at", *SEAT_GAUGES):
                     continue
                 if isinstance(value, int):
                     fam = plain.setdefault(key, CounterMetricFamily(
@@ -92,11 +107,13 @@ class _Snapshot(Collector):
                         if isinstance(v, int):
                             fam.add_metric([seat, str(label)], v)
         yield up
+        yield from gauges.values()
         yield from plain.values()
         yield from labelled.values()
 
 
-def render_metrics(proxy: ProxyCounters, seats: Mapping[str, Mapping[str, Any] | None]) -> bytes:
+def render_metrics(proxy: ProxyCounters, seats: Mapping[str, Mapping[str, Any] | None],
+                   live: Mapping[str, Mapping[str, int]] | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(proxy, seats))
+    registry.register(_Snapshot(proxy, seats, live or {}))
     return generate_latest(registry)

@@ -137,7 +137,23 @@ def seat(up: Sanctum) -> dict[str, Any]:
 def test_rows_batch_stream_equals_sync_and_faults_stay_in_their_row(
         up: Sanctum, client: openai.OpenAI) -> None:
     before = seat(up)
-    streamed = all_at_once(client, stream=True)
+    seen: list[dict[str, Any]] = []
+    watching = threading.Event()
+
+    def watch() -> None:  # /health reports the batch live, from the seat's heartbeats
+        while not watching.is_set():
+            seen.append(up.health()["seats"]["demo"])
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        streamed = all_at_once(client, stream=True)
+    finally:
+        watching.set()
+        watcher.join()
+    assert max(h["rows"] for h in seen) >= 4, seen
+    assert max(h["kv_bytes"] for h in seen) > 0
     synced = all_at_once(client, stream=False)
     for i in range(len(REQUESTS)):
         assert streamed[i]["text"] == synced[i]["text"], (i, REQUESTS[i])

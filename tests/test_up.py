@@ -127,6 +127,12 @@ def test_models_health_counters_metrics(up: Sanctum) -> None:
     assert code == 200
     assert 'sanctum_seat_served_total{seat="demo"}' in text
     assert "sanctum_proxy_requests_total" in text
+    # The batch's state is a gauge (from the seat's heartbeat), its steps a counter.
+    assert '# TYPE sanctum_seat_rows_active gauge' in text
+    assert 'sanctum_seat_kv_bytes{seat="demo"}' in text
+    assert 'sanctum_seat_batch_steps_total{seat="demo",label="1"}' in text
+    health = up.health()["seats"]["demo"]
+    assert health["max_batch"] == 16 and health["rows"] == 0 and health["kv_bytes"] == 0
 
 
 def test_killed_worker_is_restarted_and_serves_again(up: Sanctum,
