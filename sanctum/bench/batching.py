@@ -33,7 +33,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sanctum.bench import servers
-from sanctum.bench.concurrent import PREFILL, ROW_FACTOR, ROWS, SETTLE_S, ConcurrentArm
+from sanctum.bench.concurrent import (
+    CLIENT_TIMEOUT_S,
+    PREFILL,
+    ROW_FACTOR,
+    ROWS,
+    SETTLE_S,
+    ConcurrentArm,
+)
 from sanctum.bench.results import ArmInfo, Run, Sample
 from sanctum.bench.runner import new_run_id, run_schedule
 from sanctum.bench.schedule import make_schedule
@@ -46,6 +53,7 @@ if TYPE_CHECKING:
 OURS, PLAIN, MLX, MLX_DRAFT = "sanctum", "sanctum plain", "mlx_lm.server", "mlx_lm.server draft"
 DRAFT_MAX_CLIENTS = 4
 LONG_PROMPT_TOKENS = 1500
+QUEUE_TIMEOUT_S = CLIENT_TIMEOUT_S  # a queued request waits as long as its client does
 SHORT = ("code-short", "doc2body", "rename", "prose")  # the clients' prompts, rotated
 ROW_PROMPTS = ("code-short", "prose")  # completions: they run to their max_tokens
 GOAL_VS_MLX = 1.0  # at every level
@@ -115,10 +123,15 @@ def batching(opts: Options) -> Run:
     drafter_spec = _seat_model(opts.drafter, drafter)
     drafter_line = f'drafter = {{ kind = "model", path = "{drafter_spec}" }}\n'
     model = _seat_model(opts.model, path)
-    seats = [("bench", model, cap + 64, drafter_line),
-             ("plain", model, cap + 64, drafter_line + "speculation = false\n")]
+    # A seat that decodes one request at a time queues the others; the queue's own
+    # clock (120 s by default) would refuse the last of 16 on a busy machine, and a
+    # refusal is not a measurement.  Otherwise the seats run as configured by default.
+    queue = f"queue_timeout_s = {QUEUE_TIMEOUT_S:g}\n"
+    seats = [("bench", model, cap + 64, drafter_line + queue),
+             ("plain", model, cap + 64, drafter_line + queue + "speculation = false\n")]
     mlx_depth = opts.draft_depth or 4
-    with ExitStack() as stack, servers.workdir() as wd:
+    # The servers stop (the stack) before their weights' directory is removed.
+    with servers.workdir() as wd, ExitStack() as stack:
         served = C._float32_copy(path, wd / "model-f32")
         served_drafter = C._float32_copy(drafter, wd / "drafter-f32")
         port = servers.free_port()
@@ -163,6 +176,9 @@ def batching(opts: Options) -> Run:
         ", rotated over the clients and the rounds, each request with a salt of its own "
         f"(no prompt found in a cache); the decoding rows use {', '.join(ROW_PROMPTS)}, "
         f"the long prompt consecutive held-out files. Temperature {t:g}; {seeds}.",
+        f"Our seats wait up to {QUEUE_TIMEOUT_S:g} s in their queue (queue_timeout_s; the "
+        "default 120 s would refuse requests queued behind a serial seat's others); every "
+        "other setting is the default.",
         "Every arm serves the same weights in float32: our seat dequantizes builtin:demo "
         "at load (load_for_compute), mlx_lm.server serves a float32 copy of those weights "
         "(and of the drafter).",
