@@ -8,6 +8,12 @@ Face directory and converted to 5-bit MLX quantization with group size 64; the
 drafter is converted in bfloat16. ``--reference`` also writes the unquantized bfloat16
 target (80 MB, not shipped) for measure.py's before/after comparison. Both shipped
 directories get byte-identical tokenizer files.
+
+  python deploy/demo_models/convert.py --stage2 DIR --drafter d192x4 \\
+      --drafter-only demo-drafter-weak --out shared/models
+
+converts one more drafter into OUT/NAME, with the tokenizer files of OUT/demo, and
+leaves the target alone (the weak benchmark drafter is made so).
 """
 
 from __future__ import annotations
@@ -57,6 +63,8 @@ def mlx_convert(hf_dir: Path, out: Path, bits: int | None, tok_src: Path) -> Non
             ".jinja"
         ):
             p.unlink()
+    # mlx-lm writes a stub model card; the models' card is shared/models/README.md.
+    (out / "README.md").unlink(missing_ok=True)
     for name in TOKENIZER_FILES:
         shutil.copy(tok_src / name, out / name)
 
@@ -65,13 +73,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--stage1", required=True, type=Path)
+    ap.add_argument("--stage1", type=Path, help="the target's stage (unless --drafter-only)")
     ap.add_argument("--stage2", required=True, type=Path)
     ap.add_argument("--drafter", default="d192x4")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--reference", type=Path, default=None)
     ap.add_argument("--bits", type=int, default=5)
+    ap.add_argument(
+        "--drafter-only",
+        metavar="NAME",
+        default=None,
+        help="convert only the drafter, into OUT/NAME, with the tokenizer of OUT/demo",
+    )
     args = ap.parse_args()
+    if args.drafter_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            convert_drafter(
+                args.stage2,
+                args.drafter,
+                Path(tmp),
+                args.out / args.drafter_only,
+                args.out / "demo",
+            )
+        return
+    if args.stage1 is None:
+        ap.error("--stage1 is required unless --drafter-only")
     from safetensors.numpy import load_file
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,14 +107,21 @@ def main() -> None:
         mlx_convert(Path(tmp) / "target", args.out / "demo", args.bits, args.stage1)
         if args.reference is not None:
             mlx_convert(Path(tmp) / "target", args.reference, None, args.stage1)
-        d_cfg = json.loads((args.stage2 / f"drafter_{args.drafter}_config.json").read_text())
-        d_w = {
-            k: v.astype(np.float32) if v.dtype != np.float32 else v
-            for k, v in _load_bf16(args.stage2 / f"drafter_{args.drafter}.safetensors").items()
-        }
-        write_hf_dir(Path(tmp) / "drafter", d_cfg, d_w, args.stage1)
-        mlx_convert(Path(tmp) / "drafter", args.out / "demo-drafter", None, args.stage1)
+        convert_drafter(
+            args.stage2, args.drafter, Path(tmp), args.out / "demo-drafter", args.stage1
+        )
     del load_file
+
+
+def convert_drafter(stage2: Path, name: str, tmp: Path, out: Path, tok_src: Path) -> None:
+    """One distilled drafter (bfloat16, torch names) -> a bfloat16 MLX directory at OUT."""
+    d_cfg = json.loads((stage2 / f"drafter_{name}_config.json").read_text())
+    d_w = {
+        k: v.astype(np.float32) if v.dtype != np.float32 else v
+        for k, v in _load_bf16(stage2 / f"drafter_{name}.safetensors").items()
+    }
+    write_hf_dir(tmp / "drafter", d_cfg, d_w, tok_src)
+    mlx_convert(tmp / "drafter", out, None, tok_src)
 
 
 def _load_bf16(path: Path) -> dict[str, np.ndarray]:

@@ -10,6 +10,10 @@ them on this device (seatd.model_load). Reports:
 - acceptance of the drafter against the target, teacher-forced on held-out text:
   greedy agreement (argmax equal), and at temperature 0.7 the expected per-token
   acceptance under rejection sampling, sum(min(p, q)), and under exact match, sum(p*q);
+- with --decode-depths, acceptance in the seat's own speculative decode
+  (seatd.decode, temperature 0, a pinned depth, no policy) on the same prompts as the
+  benchmark: accepted over drafted tokens, and the rate at each draft position. At
+  depth 1 that rate is the greedy acceptance on the target's own continuation;
 - decode tok/s of each model alone (mlx-lm generate_step, temperature 0);
 - an interleaved benchmark, A B A B: mlx-lm's generate_step against its
   speculative_generate_step with the pair, temperature 0, over code prompts cut from
@@ -79,6 +83,50 @@ def acceptance(
         "t0.7_rejection": rs / n,
         "t0.7_exact_match": em / n,
         "positions": n,
+    }
+
+
+def decode_acceptance(
+    target: Any, drafter: Any, depth: int, max_tokens: int, n_prompts: int
+) -> dict[str, Any]:
+    """Greedy speculation through seatd.decode at a pinned depth, counted over prompts."""
+    from seatd.adaptive import DepthStats
+    from seatd.decode import Speculation, decode
+    from seatd.drafters import ModelDrafter
+    from shared.protocol import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    drafts = drafted = accepted = tokens = 0
+    per_pos = [0] * depth
+    for _name, ids in prompts(target.tokenizer, n_prompts):
+        spec = Speculation(ModelDrafter(drafter.model), depth, DepthStats())
+        res = decode(
+            target.model,
+            target.tokenizer,
+            ids,
+            params,
+            kv="fp16",
+            context_length=target.context_length,
+            spec=spec,
+        )
+        r = res.speculation
+        drafts += r.drafts
+        drafted += r.draft_tokens
+        accepted += r.accepted_tokens
+        tokens += res.completion_tokens
+        for i, n in enumerate(r.accepted_per_position):
+            per_pos[i] += n
+    return {
+        "depth": depth,
+        "prompts": n_prompts,
+        "completion_tokens": tokens,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "accepted_over_drafted": accepted / max(drafted, 1),
+        # Position i is drafted only when 0..i-1 were kept: its rate is conditional.
+        "position_rate": [
+            per_pos[i] / max(drafts if i == 0 else per_pos[i - 1], 1) for i in range(depth)
+        ],
     }
 
 
@@ -175,6 +223,12 @@ def main() -> None:
         "--draft-tokens", default="3", help="comma-separated num_draft_tokens to benchmark"
     )
     ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument(
+        "--decode-depths",
+        default="",
+        help="comma-separated depths for the acceptance in seatd.decode (temperature 0)",
+    )
+    ap.add_argument("--skip-speed", action="store_true", help="no tok/s and no benchmark")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     out: dict[str, Any] = {"device": str(mx.default_device())}
@@ -193,6 +247,15 @@ def main() -> None:
             del ref
         out["acceptance"] = acceptance(tm, dm, docs)
         print(json.dumps(out, indent=1), flush=True)
+    if args.decode_depths:
+        out["decode_acceptance"] = [
+            decode_acceptance(target, drafter, int(k), args.max_tokens, args.prompts)
+            for k in args.decode_depths.split(",")
+        ]
+        print(json.dumps(out["decode_acceptance"], indent=1), flush=True)
+    if args.skip_speed:
+        _write(args.json, out)
+        return
     ps = prompts(tk, 1)
     time_plain(tm, ps[0][1], 16)
     out["tok_s_target"] = statistics.median(
@@ -218,8 +281,12 @@ def main() -> None:
             )
         sa = res["speedup_all"]
         print(f"  all: median {sa['median']:.2f}x [{sa['min']:.2f}-{sa['max']:.2f}]", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    _write(args.json, out)
+
+
+def _write(path: str | None, out: dict[str, Any]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

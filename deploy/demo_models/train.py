@@ -11,11 +11,21 @@ the last 30% so that the served context of 2048 is one it was trained at), measu
 held-out perplexity and writes the tokenizer, an int8 transport copy of the target
 (transport.py), held-out samples and a manifest to DIR.
 
-``drafters`` reads DIR, rebuilds the same corpus, and distils every drafter in
-DRAFTERS at once from the target's logits (forward KL at temperature 1; one teacher
-forward per batch serves all of them), then writes each in bfloat16 with its held-out
-greedy agreement. The deadline is seconds from process start; each stage fits its
-training to what is left.
+``drafters`` reads DIR, rebuilds the same corpus, and distils the drafters of
+DEFAULT_DRAFTERS (or ``--only``'s, from DRAFTERS) at once from the target's logits
+(forward KL at temperature 1; one teacher forward per batch serves all of them), then
+writes each in bfloat16 with its held-out greedy agreement. The deadline is seconds
+from process start; each stage fits its training to what is left, unless ``--steps N``
+fits the schedule to N steps instead.
+
+``drafters --teacher DIR`` distils from an MLX model directory instead of DIR's int8
+copy (the shipped, quantized target: ``shared/models/demo``; mlx_weights.py reads it
+without MLX) and tokenizes with that directory's tokenizer. The weak benchmark drafter
+``builtin:demo-drafter-weak`` is made so: the shipped drafter's recipe for a fifth of its
+steps (a tenth left it at 26% greedy agreement; shared/models/README.md has the sweep):
+
+  python3 deploy/demo_models/train.py drafters --work W --out W --teacher shared/models/demo \
+      --only d192x4 --steps 810 --warmup 40 --deadline 300 --reserve 40
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus as corpus_mod
+import mlx_weights
 import tok as tok_mod
 import transport
 
@@ -75,7 +86,17 @@ DRAFTERS: dict[str, dict[str, Any]] = {
         "head_dim": 64,
         "intermediate_size": 768,
     },
+    # One layer: a candidate for the weak benchmark drafter, never distilled by default.
+    "d192x1": {
+        "hidden_size": 192,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 3,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "intermediate_size": 512,
+    },
 }
+DEFAULT_DRAFTERS = ("d192x2", "d192x4", "d256x2")
 
 
 def log(msg: str) -> None:
@@ -174,6 +195,18 @@ class Batches:
         return w[:, :-1], w[:, 1:]
 
 
+def schedule_progress(step: int, t_start: float, budget: float, steps: int) -> tuple[float, bool]:
+    """(progress through the schedule, stop?): over a fixed step count, or the time budget.
+
+    With a step count the time budget still stops the run, so a slow machine cannot
+    overrun its deadline; the log then shows fewer steps than asked for.
+    """
+    elapsed = (time.time() - t_start) / budget
+    if steps:
+        return step / steps, step >= steps or elapsed >= 1.0
+    return elapsed, elapsed >= 1.0
+
+
 def lr_at(step: int, progress: float, peak: float, warmup: int) -> float:
     warm = min(1.0, (step + 1) / warmup)
     return peak * warm * (0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, progress))))
@@ -219,7 +252,10 @@ def eval_heldout(
 
 
 def prepare(
-    work: Path, train_tokenizer: bool, max_site_bytes: int | None = None
+    work: Path,
+    train_tokenizer: bool,
+    max_site_bytes: int | None = None,
+    tok_dir: Path | None = None,
 ) -> tuple[Any, corpus_mod.Corpus, dict[str, Any]]:
     from tokenizers import Tokenizer
 
@@ -243,7 +279,7 @@ def prepare(
         tk = tok_mod.train_tokenizer(picked)
         tok_mod.write_tokenizer_files(tk, work)
         log(f"tokenizer trained on {len(picked)} texts, vocab {tk.get_vocab_size()}")
-    tk = Tokenizer.from_file(str(work / "tokenizer.json"))
+    tk = Tokenizer.from_file(str((tok_dir or work) / "tokenizer.json"))
     return tk, c, dict(c.stats)
 
 
@@ -296,8 +332,8 @@ def stage_target(args: argparse.Namespace) -> None:
     log(f"training budget {budget:.0f}s, {tokens_per_step} tokens/step")
     t_start, step, seen = time.time(), 0, 0
     while True:
-        progress = (time.time() - t_start) / budget
-        if progress >= 1.0 or (args.max_steps and step >= args.max_steps):
+        progress, done = schedule_progress(step, t_start, budget, args.steps)
+        if done or (args.max_steps and step >= args.max_steps):
             break
         seq = args.seq if progress < 0.7 else CONTEXT
         bsz = max(1, tokens_per_step // seq)
@@ -355,15 +391,21 @@ def stage_target(args: argparse.Namespace) -> None:
     log("stage target written")
 
 
-def load_target(work: Path, dev: torch.device) -> tuple[torch.nn.Module, dict[str, Any]]:
-    cfg = json.loads((work / "target_config.json").read_text())
+def load_target(
+    work: Path, dev: torch.device, teacher: Path | None = None
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The target from WORK's int8 copy, or from an MLX model directory (dequantized)."""
+    if teacher is None:
+        cfg = json.loads((work / "target_config.json").read_text())
+        weights = transport.load_packed(work / "target_int8.safetensors")
+    else:
+        weights, cfg = mlx_weights.load_model_weights(teacher)
     model = build_model(cfg)
-    sd = {
-        k: torch.from_numpy(v)
-        for k, v in transport.load_packed(work / "target_int8.safetensors").items()
-    }
+    sd = {k: torch.from_numpy(v) for k, v in weights.items()}
     sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
-    model.load_state_dict(sd, strict=False)
+    res = model.load_state_dict(sd, strict=False)
+    if res.unexpected_keys or [k for k in res.missing_keys if "rotary" not in k]:
+        raise ValueError(f"target weights do not fit its config: {res}")
     model.tie_weights()
     return model.to(dev).to(torch.bfloat16).eval(), cfg
 
@@ -375,16 +417,19 @@ def stage_drafters(args: argparse.Namespace) -> None:
     out = Path(args.out or args.work)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tk, c, _ = prepare(work, train_tokenizer=False, max_site_bytes=args.max_site_bytes)
+    teacher_dir = Path(args.teacher) if args.teacher else None
+    tk, c, _ = prepare(
+        work, train_tokenizer=False, max_site_bytes=args.max_site_bytes, tok_dir=teacher_dir
+    )
     stream, _ = tokenize_corpus(tk, c)
     held = heldout_stream(tk, c)
     if args.eval_tokens:
         held = held[: args.eval_tokens]
     log(f"tokens: train {len(stream):,}, heldout {len(held):,}")
-    teacher, _ = load_target(work, dev)
+    teacher, _ = load_target(work, dev, teacher_dir)
     for p in teacher.parameters():
         p.requires_grad_(False)
-    names = args.only.split(",") if args.only else list(DRAFTERS)
+    names = args.only.split(",") if args.only else list(DEFAULT_DRAFTERS)
     drafters, opts, cfgs = {}, {}, {}
     for i, name in enumerate(names):
         torch.manual_seed(10 + i)
@@ -404,8 +449,8 @@ def stage_drafters(args: argparse.Namespace) -> None:
     log(f"distillation budget {budget:.0f}s, {tokens_per_step} tokens/step")
     t_start, step, seen = time.time(), 0, 0
     while True:
-        progress = (time.time() - t_start) / budget
-        if progress >= 1.0 or (args.max_steps and step >= args.max_steps):
+        progress, done = schedule_progress(step, t_start, budget, args.steps)
+        if done or (args.max_steps and step >= args.max_steps):
             break
         seq = args.seq if progress < 0.7 else CONTEXT
         bsz = max(1, tokens_per_step // seq)
@@ -447,8 +492,15 @@ def stage_drafters(args: argparse.Namespace) -> None:
         "tokens_seen": seen,
         "train_seconds": round(train_s, 1),
         "peak_lr": args.lr,
+        "warmup": args.warmup,
+        "schedule_steps": args.steps or None,
+        "teacher": str(teacher_dir) if teacher_dir else "target_int8.safetensors",
         "tokens_per_step": tokens_per_step,
         "heldout_torch": ev,
+        "versions": {
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+        },
         "drafters": {},
     }
     for name, d in drafters.items():
@@ -482,6 +534,17 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--max-steps", type=int, default=0)
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="fit the LR schedule and the 2048-token phase to this many steps, not the time budget",
+    )
+    ap.add_argument(
+        "--teacher",
+        default=None,
+        help="drafters: distil from this MLX model directory (its tokenizer too), not WORK's",
+    )
     ap.add_argument(
         "--eval-tokens", type=int, default=0, help="cap on held-out tokens evaluated (smoke tests)"
     )
