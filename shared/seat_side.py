@@ -17,7 +17,7 @@ same `SeatSocket.decode` and `dispatch` from its own reader task.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 import zmq
@@ -58,14 +58,19 @@ class SeatHandler(Protocol):
 class SeatSocket:
     """A seat's bound ROUTER socket.  Undecodable frames are answered and counted."""
 
-    def __init__(self, endpoint: str, ctx: zmq.Context[zmq.Socket[bytes]] | None = None) -> None:
+    def __init__(self, endpoint: str, ctx: zmq.Context[Any] | None = None,
+                 on_bad_frame: Callable[[str], None] | None = None) -> None:
+        """`ctx` may be a `zmq.asyncio.Context`: sends then never wait (a ROUTER drops
+        what it cannot route), and the seat reads `sock` in its own task, handing each
+        payload to `decode`.  `on_bad_frame(error)` lets a seat count and log it too."""
         self.endpoint = endpoint
-        self.ctx = ctx or zmq.Context()
+        self.ctx: zmq.Context[Any] = ctx or zmq.Context()
         self._own_ctx = ctx is None
-        self.sock: zmq.Socket[bytes] = self.ctx.socket(zmq.ROUTER)
+        self.sock: zmq.Socket[Any] = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(endpoint)
         self.bad_frames = 0
+        self._on_bad_frame = on_bad_frame
 
     def send(self, peer: bytes, reply: Reply) -> None:
         self.sock.send_multipart([peer, protocol.encode(reply)])
@@ -75,6 +80,8 @@ class SeatSocket:
             return protocol.request_decoder.decode(payload)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.bad_frames += 1
+            if self._on_bad_frame is not None:
+                self._on_bad_frame(str(exc))
             self.send(peer, BadFrame(str(exc)))
             return None
 
