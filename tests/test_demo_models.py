@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import math
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 
 from seatd.model_load import LoadedModel, load_for_compute
-from shared.builtin import MODELS_DIR, resolve_model, tokenizer_hash
+from shared.builtin import MODELS_DIR, builtin_names, resolve_model, tokenizer_hash
 
 HELDOUT = Path(__file__).parent / "data" / "heldout"
 
@@ -54,14 +58,53 @@ def test_tokenizers_are_identical() -> None:
     assert len(hashes) == 1
 
 
+def test_weak_drafter_is_for_benchmarks_only() -> None:
+    """builtin:demo-drafter-weak is listed, shares the demo tokenizer, is no larger than the
+    demo drafter, and neither packaged config names it."""
+    assert "demo-drafter-weak" in builtin_names()
+    weak = resolve_model("builtin:demo-drafter-weak")
+    assert tokenizer_hash(weak) == tokenizer_hash(resolve_model("builtin:demo"))
+    assert 0 < _weights("demo-drafter-weak") <= _weights("demo-drafter")
+    configs = [MODELS_DIR.parent / "default_config.toml",
+               MODELS_DIR.parents[1] / "deploy" / "example.toml"]
+    for cfg in configs:
+        if cfg.exists():
+            assert "demo-drafter-weak" not in cfg.read_text(), cfg
+
+
+def test_training_reads_the_shipped_target_as_mlx_does() -> None:
+    """deploy/demo_models/mlx_weights.py (numpy only, for distilling from the shipped target
+    on a machine without MLX) dequantizes the 5-bit target exactly as mx.dequantize does."""
+    path = MODELS_DIR.parents[1] / "deploy" / "demo_models" / "mlx_weights.py"
+    if not path.exists():
+        pytest.skip("demo model builders not in this checkout")
+    spec = importlib.util.spec_from_file_location("mlx_weights", path)
+    assert spec and spec.loader
+    mlx_weights = importlib.util.module_from_spec(spec)
+    sys.modules["mlx_weights"] = mlx_weights
+    spec.loader.exec_module(mlx_weights)
+
+    target = resolve_model("builtin:demo")
+    ours, config = mlx_weights.load_model_weights(target)
+    assert "quantization" not in config and "quantization_config" not in config
+    quant = json.loads((target / "config.json").read_text())["quantization"]
+    stored = mx.load(str(target / "model.safetensors"))
+    for stem in ("model.embed_tokens", "model.layers.3.mlp.down_proj",
+                 "model.layers.9.self_attn.k_proj"):
+        ref = mx.dequantize(stored[stem + ".weight"], stored[stem + ".scales"].astype(mx.float32),
+                            stored[stem + ".biases"].astype(mx.float32),
+                            group_size=quant["group_size"], bits=quant["bits"])
+        assert np.array_equal(ours[stem + ".weight"], np.array(ref)), stem
+    norm = "model.layers.0.input_layernorm.weight"
+    assert np.array_equal(ours[norm], np.array(stored[norm].astype(mx.float32)))
+
+
 def test_default_config_serves_the_pair() -> None:
     """The embedded default routes `demo` to a seat with the pair and a cap inside the context."""
     cfg = tomllib.loads((MODELS_DIR.parent / "default_config.toml").read_text())
     seat = cfg["seat"][0]
     assert seat["model"] == "builtin:demo" and seat["drafter"]["path"] == "builtin:demo-drafter"
     assert cfg["route"][0] == {"model": "demo", "ladder": ["demo"]}
-    import json
-
     context = json.loads((resolve_model("builtin:demo") / "config.json").read_text())[
         "max_position_embeddings"
     ]
@@ -102,3 +145,25 @@ def test_drafter_agrees_with_target_often(pair: tuple[LoadedModel, LoadedModel])
     x = mx.array(ids)[None]
     agree = (target.model(x)[0].argmax(-1) == drafter.model(x)[0].argmax(-1)).mean().item()
     assert agree > 0.5, agree
+
+
+@pytest.mark.slow
+def test_weak_drafter_agrees_less_but_still_drafts(
+    pair: tuple[LoadedModel, LoadedModel],
+) -> None:
+    """The weak benchmark drafter picks the target's greedy token about half the time on
+    held-out code: clearly less often than the demo drafter, far more often than chance."""
+    target, drafter = pair
+    before = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        weak = load_for_compute(resolve_model("builtin:demo-drafter-weak"))
+    finally:
+        mx.set_default_device(before)
+    ids = target.tokenizer.encode((HELDOUT / "importlib__abc.py").read_text())[:1024]
+    x = mx.array(ids)[None]
+    greedy = target.model(x)[0].argmax(-1)
+    agree = (greedy == drafter.model(x)[0].argmax(-1)).mean().item()
+    weak_agree = (greedy == weak.model(x)[0].argmax(-1)).mean().item()
+    assert 0.35 < weak_agree < 0.6, weak_agree
+    assert weak_agree < agree - 0.1, (weak_agree, agree)
