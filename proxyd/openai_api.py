@@ -47,6 +47,9 @@ class SanctumOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prompt_cache: bool | None = None
     # pins the draft length of this request (0 = plain), for measuring speculation
     draft_depth: Annotated[int, msgspec.Meta(ge=0, le=16)] | None = None
+    # true: decode as a row of its own, never in a forward with other requests, so a
+    # seeded answer's bytes cannot depend on its neighbours (it costs batching's gain)
+    solo: bool | None = None
 
 
 class _Common(msgspec.Struct, frozen=True):
@@ -134,11 +137,12 @@ def _content(message: Message) -> str:
 
 def overrides(req: _Common) -> dict[str, Any]:
     """The request's `sanctum` overrides as Generate fields (KV lane, speculation,
-    prompt cache, draft depth)."""
+    prompt cache, draft depth, a row of its own)."""
     if req.sanctum is None:
         return {}
     return {"kv": req.sanctum.kv, "speculation": req.sanctum.speculation,
-            "prompt_cache": req.sanctum.prompt_cache, "draft_depth": req.sanctum.draft_depth}
+            "prompt_cache": req.sanctum.prompt_cache, "draft_depth": req.sanctum.draft_depth,
+            "solo": req.sanctum.solo}
 
 
 def tools_json(req: ChatRequest) -> str | None:

@@ -87,6 +87,13 @@ class Work:
     fault: bool = False  # an injected prefill fault (the worker's SANCTUM_FAULT_ROW)
 
 
+def lane_key(work: Work) -> str:
+    """Rows of one KV mode batch together; a solo row has a lane of its own."""
+    if work.request.solo:
+        return f"{work.kv}/solo/{work.request.request_id}"
+    return work.kv
+
+
 @dataclass
 class Row:
     work: Work
@@ -108,6 +115,14 @@ class Row:
     @property
     def rid(self) -> str:
         return self.work.request.request_id
+
+    @property
+    def solo(self) -> bool:
+        return bool(self.work.request.solo)
+
+    @property
+    def lane(self) -> str:
+        return lane_key(self.work)
 
 
 @dataclass
@@ -197,7 +212,7 @@ class Engine:
             if lane.rows:
                 self._decode(lane)
                 worked = True
-            if not lane.rows and not any(r.work.kv == kv for r in self.joining):
+            if not lane.rows and not any(r.lane == kv for r in self.joining):
                 del self.lanes[kv]
         self.kv_bytes = sum(lane.cache.nbytes for lane in self.lanes.values()) + sum(
             _nbytes(r.cache) for r in self.joining)
@@ -226,7 +241,7 @@ class Engine:
                     self._pop(work)
                     self._end_unstarted(work, exc)
                     continue
-            if self.rows() >= self.max_batch or self._lane_full(work.kv):
+            if self.rows() >= self.max_batch or self._lane_full(lane_key(work)):
                 return
             if not self.budget.admit(work.reserve, alone=self.rows() == 0):
                 return  # waits for a row to leave; the proxy's queue clock runs meanwhile
@@ -246,7 +261,7 @@ class Engine:
         lane = self.lanes.get(kv)
         if lane is None or lane.cache.capacity is None:
             return False
-        rows = len(lane.rows) + sum(1 for r in self.joining if r.work.kv == kv)
+        rows = len(lane.rows) + sum(1 for r in self.joining if r.lane == kv)
         return rows >= lane.cache.capacity
 
     def _pop(self, work: Work) -> None:
@@ -296,8 +311,8 @@ class Engine:
             self._finish(row, None)
             return
         self.joining.append(row)
-        if work.kv not in self.lanes:
-            self.lanes[work.kv] = Lane(lane_cache(self.model, work.kv))
+        if row.lane not in self.lanes:
+            self.lanes[row.lane] = Lane(lane_cache(self.model, work.kv))
 
     # -- prefill ----------------------------------------------------------------
 
@@ -320,7 +335,8 @@ class Engine:
         row = self.joining[0]
         work = row.work
         upto = len(work.prompt) - 1
-        budget = self._prefill_budget()
+        # A solo row prefills as a request alone does, whoever else is decoding.
+        budget = PREFILL_CHUNK if row.solo else self._prefill_budget()
         try:
             if work.fault:
                 raise RuntimeError("injected row fault (SANCTUM_FAULT_ROW)")
@@ -373,7 +389,7 @@ class Engine:
 
     def _join(self, row: Row) -> None:
         work = row.work
-        lane = self.lanes[work.kv]
+        lane = self.lanes[row.lane]
         assert row.cache is not None
         lane.cache.join(row.cache, len(work.prompt) - 1)
         row.cache = None
@@ -605,7 +621,7 @@ class Engine:
             report.accepted_per_position[i] += 1
 
     def _batch_of(self, row: Row) -> list[Row]:
-        lane = self.lanes.get(row.work.kv)
+        lane = self.lanes.get(row.lane)
         return lane.rows if lane is not None else []
 
     # -- leaving ----------------------------------------------------------------

@@ -93,6 +93,8 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     prompt_cache: bool | None = None
     # Pins this request's draft length (0..16), for measuring; None: the seat's rule.
     draft_depth: int | None = None
+    # True: a row of its own, never in a forward with other requests (seatd/batch.py).
+    solo: bool | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):

@@ -59,7 +59,7 @@ class BrokenDrafter(ModelDrafter):
 
 def run(pair: tuple[Any, Any, Any], *, spec: Sequence[str | None] = (None,) * 4,
         stream: bool = True, cancel_after: dict[int, int] | None = None,
-        broken_cache: int | None = None) -> Run:
+        broken_cache: int | None = None, solo: int | None = None) -> Run:
     model, tok, drafter = pair
     engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
     out = Run()
@@ -83,7 +83,8 @@ def run(pair: tuple[Any, Any, Any], *, spec: Sequence[str | None] = (None,) * 4,
             d = BrokenDrafter(drafter) if kind == "broken" else ModelDrafter(drafter)
             plan = Speculation(d, 3, DepthStats())
         resume = Resume(cache=[object()], start=2) if i == broken_cache else None
-        engine.submit(Work(Generate(str(i), stream, params, prompt=prompt), tok.encode(prompt),
+        request = Generate(str(i), stream, params, prompt=prompt, solo=True if i == solo else None)
+        engine.submit(Work(request, tok.encode(prompt),
                            kv, emit, lambda i=i: i in out.cancel, done, spec=plan,
                            resume=resume))
     while len(out.results) < len(PROMPTS):
@@ -170,3 +171,24 @@ def test_a_model_that_cannot_batch_serves_one_row_at_a_time(
     for i in range(4):
         assert got.results[i][0] is not None and ref.results[i][0] is not None
         assert got.results[i][0].text == ref.results[i][0].text, i
+
+
+def test_a_solo_row_never_shares_a_forward(pair: tuple[Any, Any, Any],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`solo`: the row decodes in a lane of its own beside the batch, so its bytes are
+    those of the request alone whatever its neighbours; the others still batch."""
+    from seatd import batch
+
+    shapes: list[tuple[str, int]] = []
+    real = batch.Engine._decode
+
+    def watched(self: Engine, lane: Any) -> None:
+        shapes.append((lane.rows[0].rid, len(lane.rows)))
+        real(self, lane)
+
+    monkeypatch.setattr(batch.Engine, "_decode", watched)
+    got = run(pair, spec=(None, "model", None, None), solo=1)
+    assert {n for rid, n in shapes if rid == "1"} == {1}
+    assert max(n for rid, n in shapes if rid != "1") == 2  # rows 0 and 2 share fp16
+    result = got.results[1][0]
+    assert result is not None and result.text == alone(pair, 1)

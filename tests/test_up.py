@@ -130,7 +130,7 @@ def test_models_health_counters_metrics(up: Sanctum) -> None:
     # The batch's state is a gauge (from the seat's heartbeat), its steps a counter.
     assert '# TYPE sanctum_seat_rows_active gauge' in text
     assert 'sanctum_seat_kv_bytes{seat="demo"}' in text
-    assert 'sanctum_seat_batch_steps_total{seat="demo",label="1"}' in text
+    assert 'sanctum_seat_batch_steps_total{label="1",seat="demo"}' in text
     health = up.health()["seats"]["demo"]
     assert health["max_batch"] == 16 and health["rows"] == 0 and health["kv_bytes"] == 0
 
