@@ -1,6 +1,7 @@
 """`sanctum bench`: run comparisons, store their results, render the report.
 
-    sanctum bench run [stack|mlx-server|proxy|spec|cache|rollback|rules|flips|batching|all] ...
+    sanctum bench run [stack|mlx-server|proxy|spec|cache|rollback|rules|flips|batching|hop|
+                       neighbours|all] ...
     sanctum bench report        docs/BENCHMARKS.md and plots from the stored results
     sanctum bench load          N concurrent clients against `sanctum up`
 
@@ -150,7 +151,7 @@ def add_bench(sub: Any) -> None:
     run.add_argument("--seconds", type=float, default=d.seconds,
                      help="proxy overhead: seconds per requests/s slot")
     run.add_argument("--flip-tokens", type=int, default=d.flip_tokens,
-                     help="float flips: new tokens per answer")
+                     help="float flips and neighbours: new tokens per answer")
     run.add_argument("--report", action="store_true", help="render the report afterwards")
     common(run)
     run.set_defaults(fn=cmd_run)

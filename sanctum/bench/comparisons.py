@@ -14,6 +14,8 @@ stops everything, and returns a `Run` (stored as JSON, rendered by report.py).
                proxyd with a hosted seat and with a null seat (sanctum.bench.hop)
     flips      not a speed comparison: where speculative answers leave plain ones
                (sanctum.bench.flips; nothing to interleave)
+    neighbours not a speed comparison: where a request batched with 7 others leaves its
+               answer alone (sanctum.bench.neighbours; nothing to interleave)
 """
 
 from __future__ import annotations
@@ -520,6 +522,12 @@ def flips(opts: Options) -> Run:
     return run_flips(opts)
 
 
+def neighbours(opts: Options) -> Run:
+    from sanctum.bench.neighbours import neighbours as run_neighbours
+
+    return run_neighbours(opts)
+
+
 def hop(opts: Options) -> Run:
     from sanctum.bench.hop import hop as run_hop
 
@@ -535,4 +543,5 @@ def batching(opts: Options) -> Run:
 COMPARISONS: dict[str, Callable[[Options], Run]] = {
     "stack": stack, "mlx-server": mlx_server, "proxy": proxy, "spec": spec, "cache": cache,
     "rollback": rollback, "rules": rules, "flips": flips, "batching": batching, "hop": hop,
+    "neighbours": neighbours,
 }

@@ -25,7 +25,7 @@ from sanctum.bench.stats import (
 )
 
 ORDER = ["stack", "mlx-server", "proxy", "spec", "cache", "rollback", "rules", "flips",
-         "batching", "hop"]
+         "batching", "hop", "neighbours"]
 SECTION = {
     "stack": "1. Our stack against the same model in-process",
     "mlx-server": "2. Our stack against mlx_lm.server",
@@ -37,6 +37,7 @@ SECTION = {
     "flips": "8. Float flips: speculative against plain answers",
     "batching": "9. Concurrent clients: our seat against mlx_lm.server batching",
     "hop": "10. The proxy hop: direct, nginx and proxyd",
+    "neighbours": "11. Neighbours: a seeded answer alone against batched with 7 others",
 }
 # Which figures each comparison reports, and its goals (speed ratio, arm over baseline).
 SHOWN = {
@@ -391,12 +392,13 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
         label = SECTION.get(run.comparison, run.comparison)
         if name != run.comparison:
             label += f" ({name.removeprefix(run.comparison + '-')})"
-        if run.comparison == "flips" and not run.not_measurable:
+        if run.comparison in ("flips", "neighbours") and not run.not_measurable:
             # A correctness measure without interleaved samples: its own section.
-            from sanctum.bench import flips
+            from sanctum.bench import flips, neighbours
 
-            body += flips.section(run, label)
-            summary += [f"| {label} | {what} | {text} | - |" for what, text in flips.headline(run)]
+            own = flips if run.comparison == "flips" else neighbours
+            body += own.section(run, label)
+            summary += [f"| {label} | {what} | {text} | - |" for what, text in own.headline(run)]
             continue
         plot_rel = None
         if plot_dir is not None and not run.not_measurable:

@@ -1,0 +1,122 @@
+"""Neighbours: which cases share a batch, tokens until the first difference, the totals
+per group, mean rows per forward, and the report's rows and figures (no model loaded)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from sanctum.bench.neighbours import (
+    NeighbourRow,
+    batches,
+    groups,
+    headline,
+    mean_rows,
+    section,
+    stored_rows,
+    totals,
+    until_first,
+)
+from sanctum.bench.report import render
+from sanctum.bench.results import ArmInfo, Run
+
+
+@pytest.mark.parametrize(("n", "size", "want"), [
+    (0, 8, []),
+    (1, 4, [[0, 0, 0, 0]]),                        # one case: four requests of it
+    (3, 8, [[0, 1, 2, 0, 1, 2, 0, 1]]),            # fewer cases than rows: cyclic fill
+    (8, 8, [[0, 1, 2, 3, 4, 5, 6, 7]]),
+    (10, 8, [list(range(8)), list(range(2, 10))]),  # the last window overlaps
+    (16, 8, [list(range(8)), list(range(8, 16))]),
+    (5, 2, [[0, 1], [2, 3], [3, 4]]),
+])
+def test_batches_cover_every_case_in_windows_of_the_batch_size(
+        n: int, size: int, want: list[list[int]]) -> None:
+    got = batches(n, size)
+    assert got == want
+    assert all(len(w) == size for w in got)
+    assert {i for w in got for i in w} == set(range(n))
+
+
+def _row(workload: str, rule: str, config: str, arm: str, first: int | None, compared: int,
+         **kw: Any) -> NeighbourRow:
+    t = 0.0 if rule == "greedy" else 0.7
+    return NeighbourRow("builtin:demo", workload, rule, t, config, arm, 0, ["prose greedy"],
+                        compared, compared, first, compared, **kw)
+
+
+ROWS = [
+    _row("code-short", "greedy", "plain", "batched", None, 128, rows_per_step=7.5),
+    _row("prose", "greedy", "plain", "batched", 40, 41, token_alone=5, token_batched=6,
+         rows_per_step=6.5),
+    _row("rename", "greedy", "plain", "batched", 10, 11, rows_per_step=7.0),
+    _row("prose", "keyed", "plain", "batched", None, 128, rows_per_step=8.0),
+    _row("prose", "greedy", "d3", "solo", None, 100, state_alone="accelerated",
+         state_batched="accelerated", verifies_alone=30, verifies_batched=30,
+         accept_alone=2.25, accept_batched=2.25, rows_per_step=1.0),
+]
+
+
+@pytest.mark.parametrize(("rows", "want"), [
+    ([], None),
+    (ROWS[:1], None),                      # equal answers: nothing to count
+    (ROWS[:2], (40.0, 40)),
+    (ROWS[:3], (25.0, 10)),                # median of 40 and 10
+])
+def test_until_first_counts_only_the_answers_that_differ(
+        rows: list[NeighbourRow], want: tuple[float, int] | None) -> None:
+    assert until_first(rows) == want
+
+
+def test_groups_and_totals() -> None:
+    """Rows group by model, rule, config and arm; flips per 1,000 pool the tokens compared
+    (an answer that parted counts up to and including its first difference)."""
+    got = groups(ROWS)
+    assert [k for k, _ in got] == [("builtin:demo", "greedy t=0", "plain", "batched"),
+                                   ("builtin:demo", "keyed t=0.7", "plain", "batched"),
+                                   ("builtin:demo", "greedy t=0", "d3", "solo")]
+    assert totals(got[0][1]) == (2, 180, pytest.approx(2000 / 180))
+    assert totals(got[1][1]) == (0, 128, 0.0)
+
+
+@pytest.mark.parametrize(("sizes", "want"), [
+    ({}, 0.0), ({1: 10}, 1.0), ({8: 30, 4: 10}, 7.0), ({1: 1, 2: 1, 3: 1}, 2.0)])
+def test_mean_rows(sizes: dict[int, int], want: float) -> None:
+    assert mean_rows(sizes) == pytest.approx(want)
+
+
+def _run() -> Run:
+    return Run("n1", "neighbours", "A seeded answer alone against batched", "alone",
+               [ArmInfo("alone", "a"), ArmInfo("batched", "b")], {}, 1, 0, 0,
+               {"date": "d", "model": "builtin:demo"}, [], ["a note"],
+               extra={"neighbours": msgspec.to_builtins(ROWS), "tokens": 128})
+
+
+def test_section_and_headline_from_stored_rows() -> None:
+    """The stored rows come back typed; the summary table has one row per group with the
+    tokens until the first difference; each answer has its own row."""
+    run = _run()
+    assert stored_rows(run) == ROWS
+    assert headline(run)[0] == ("flips per 1,000 tokens, alone against batched, demo greedy "
+                                "t=0 plain", "11 (2 in 180 tokens)")
+    assert headline(run)[2] == ("flips per 1,000 tokens, alone against solo, demo greedy t=0 "
+                                "d3", "0 (0 in 100 tokens; below 30 at 95%)")
+    text = "\n".join(section(run, "11. Neighbours"))
+    assert ("| builtin:demo | greedy t=0 | plain | batched | 3 | 2 | 180 "
+            "| 11 (2 in 180 tokens) | 25 / 10 | 7.00 | - |") in text
+    assert "| builtin:demo | greedy t=0 | d3 | solo | 1 | 0 | 100 " in text
+    assert ("| demo | prose | greedy t=0 | plain | batched | 0 | 6.50 | 41 / 41 | 40 | 41 "
+            "| 5 / 6 |") in text
+    assert "accelerated 30 x 2.25 / accelerated 30 x 2.25" in text
+
+
+def test_report_renders_neighbours_without_interleaving() -> None:
+    """A neighbours run has no interleaved samples and is not refused for it."""
+    text = render({"neighbours": _run()}, None, plot=lambda run, path: False)
+    assert "## 11. Neighbours: a seeded answer alone against batched with 7 others" in text
+    assert "Refused" not in text
+    assert ("| 11. Neighbours: a seeded answer alone against batched with 7 others | flips "
+            "per 1,000 tokens, alone against batched, demo keyed t=0.7 plain "
+            "| 0 (0 in 128 tokens; below 23 at 95%) | - |") in text
