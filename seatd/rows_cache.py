@@ -21,7 +21,8 @@ rows: padding is masked with its `lengths`, and rolling back restores each row's
 recorded state (`seatd.recurrent.roll_back_rows`).
 
 The host keeps the layout (validity and positions, numpy) and hands the forward a
-boolean mask (B, 1, n, columns) and per-row positions for RoPE.
+boolean mask (B, 1, n, columns), or mlx-lm's own mask where no column is padding or a
+hole, and per-row positions for RoPE.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class RowsKV:
             buf[..., start : start + n, :] = new
         return self._view(self.keys, start + n), self._view(self.values, start + n)
 
-    def make_mask(self, N: int, return_array: bool = False, **_: Any) -> mx.array:
+    def make_mask(self, N: int, return_array: bool = False, **_: Any) -> mx.array | str | None:
         return self.layout.mask(N)
 
     @property
@@ -180,7 +181,8 @@ class Layout:
         self.pos = np.zeros((0,), dtype=np.int64)  # (B,): position of each row's next token
         self.positions = mx.zeros((0,), dtype=mx.int32)
         self._step: np.ndarray | None = None  # (B, n) real tokens of the step in flight
-        self._mask: mx.array | None = None
+        self._n = 0
+        self._mask: mx.array | str | None = None
 
     @property
     def rows(self) -> int:
@@ -188,14 +190,19 @@ class Layout:
 
     def begin(self, counts: Sequence[int], n: int) -> None:
         step = np.arange(n)[None, :] < np.asarray(counts, dtype=np.int64)[:, None]
-        self._step = step
+        self._step, self._n = step, n
+        self.positions = mx.array(self.pos.astype(np.int32))
+        if self.valid.all() and step.all():
+            # No padding, no holes: mlx-lm's own masks (none for one token, "causal"
+            # otherwise), so a row alone computes exactly what a request alone does.
+            self._mask = None if n == 1 else "causal"
+            return
         after = np.concatenate([self.valid, step], axis=1)  # (B, idx + n)
         causal = np.arange(self.idx + n)[None, :] <= (self.idx + np.arange(n))[:, None]
         self._mask = mx.array(after[:, None, None, :] & causal[None, None])
-        self.positions = mx.array(self.pos.astype(np.int32))
 
-    def mask(self, n: int) -> mx.array:
-        assert self._mask is not None and self._mask.shape[2] == n, "begin() the step first"
+    def mask(self, n: int) -> mx.array | str | None:
+        assert self._step is not None and self._n == n, "begin() the step first"
         return self._mask
 
     def end(self) -> None:
