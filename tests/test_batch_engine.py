@@ -20,10 +20,10 @@ from shared.protocol import Generate, SamplingParams
 
 PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):",
            "import os\n\ndef walk(path):", "# sort a list\ndef quicksort(xs):"]
-PARAMS = [SamplingParams(max_tokens=24, temperature=0),
-          SamplingParams(max_tokens=20, temperature=0.7, seed=5),
-          SamplingParams(max_tokens=24, temperature=0, stop=["\n\n"]),
-          SamplingParams(max_tokens=22, temperature=1.0, seed=9, top_p=0.9)]
+PARAMS = [SamplingParams(max_tokens=18, temperature=0),
+          SamplingParams(max_tokens=14, temperature=0.7, seed=5),
+          SamplingParams(max_tokens=18, temperature=0, stop=["\n\n"]),
+          SamplingParams(max_tokens=16, temperature=1.0, seed=9, top_p=0.9)]
 LANES = ["fp16", "q8", "fp16", "q8"]
 
 

@@ -32,14 +32,14 @@ pytestmark = pytest.mark.slow
 MARKER = "<<fail this row>>"
 # (door, kv lane, temperature, top_p, seed, max_tokens, prompt length in chars, stop)
 REQUESTS: list[tuple[str, str, float, float, int, int, int, list[str] | None]] = [
-    ("chat", "fp16", 0.0, 1.0, 1, 40, 200, None),
-    ("completions", "fp16", 0.7, 0.9, 2, 32, 900, None),
-    ("chat", "q8", 1.0, 1.0, 3, 24, 400, None),
-    ("completions", "q8", 0.4, 0.95, 4, 48, 120, ["\n\n\n"]),
-    ("completions", "fp16", 0.0, 1.0, 5, 16, 1500, None),
-    ("chat", "fp16", 0.8, 0.8, 6, 36, 60, None),
-    ("completions", "q8", 0.0, 1.0, 7, 28, 700, None),
-    ("chat", "fp16", 0.6, 1.0, 8, 44, 300, None),
+    ("chat", "fp16", 0.0, 1.0, 1, 28, 200, None),
+    ("completions", "fp16", 0.7, 0.9, 2, 24, 900, None),
+    ("chat", "q8", 1.0, 1.0, 3, 16, 400, None),
+    ("completions", "q8", 0.4, 0.95, 4, 32, 120, ["\n\n\n"]),
+    ("completions", "fp16", 0.0, 1.0, 5, 12, 1500, None),
+    ("chat", "fp16", 0.8, 0.8, 6, 24, 60, None),
+    ("completions", "q8", 0.0, 1.0, 7, 20, 700, None),
+    ("chat", "fp16", 0.6, 1.0, 8, 30, 300, None),
 ]
 
 
