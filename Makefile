@@ -28,13 +28,8 @@ up: setup
 test: setup
 	LD_PRELOAD=$(OPENBLAS) $(PY) -m pytest
 
-# mypy --strict (pyproject.toml): shared, proxyd and sanctum whole, and the seat's modules
-# outside its decode loop, which is being rewritten for batched decoding (pyproject.toml
-# names the modules not yet strict-clean).
-MYPY_PATHS := shared proxyd sanctum seatd/__init__.py seatd/blas.py seatd/dtype_check.py \
-	seatd/fingerprint.py seatd/ledger.py seatd/model_load.py seatd/prefix_cache.py \
-	seatd/states.py seatd/stops.py seatd/supervisor.py seatd/turns.py seatd/sampling.py \
-	seatd/drafters.py
+# mypy --strict (pyproject.toml) on all four packages.
+MYPY_PATHS := shared proxyd sanctum seatd
 
 lint: setup
 	$(VENV)/bin/ruff check shared seatd proxyd sanctum tests

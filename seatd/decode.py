@@ -149,6 +149,12 @@ def prefill(model: Any, cache: list[Any], prompt: mx.array, upto: int,
             raise DecodeCancelled
 
 
+def scalar(a: mx.array) -> int:
+    """A one-element integer array's value on the host."""
+    value: Any = a.item()
+    return int(value)
+
+
 def output_width(model: Any) -> int:
     """The width of the model's logits, read off a forward's shape (built, never run)."""
     return int(model(mx.array([[0]], dtype=mx.uint32), cache=make_cache(model, "fp16")).shape[-1])
@@ -164,13 +170,13 @@ def _plain(model: Any, cache: list[Any], y: int, params: SamplingParams, draws: 
         return draws.token(logits, params, at)
 
     nxt = step(mx.array([y], dtype=mx.uint32), position)
-    mx.async_eval(nxt)
+    mx.async_eval(nxt)  # type: ignore[no-untyped-call]  # MLX ships it unannotated
     for i in range(budget):
         cur = nxt
         if i + 1 < budget:
             nxt = step(cur, position + i + 1)
-            mx.async_eval(nxt)
-        yield int(cur.item())
+            mx.async_eval(nxt)  # type: ignore[no-untyped-call]  # MLX ships it unannotated
+        yield scalar(cur)
 
 
 def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
@@ -214,7 +220,7 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
                 return
         if draft is None or draft.k == 0:
             logits = model(mx.array([[y]], dtype=mx.uint32), cache=cache)[:, -1, :]
-            token = int(draws.token(logits, params, produced).item())
+            token = scalar(draws.token(logits, params, produced))
             observe(spec.stats, 0, 0, time.perf_counter() - started)
             drafter.plain(token)
             produced += 1
@@ -236,10 +242,11 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
             n_arr, t_arr = verify_sampled(draft_probs(logits, params), draft.tokens[None], probs,
                                           draws.next_key())
         mx.eval(n_arr, t_arr, draft.tokens)
-        kept, token = int(n_arr.item()), int(t_arr.item())
+        kept, token = scalar(n_arr), scalar(t_arr)
         drafted = draft.k
-        tokens = draft.tokens.tolist()
-        if mlx_cache.trim_prompt_cache(cache, drafted - kept) != drafted - kept:
+        tokens: list[int] = draft.tokens.tolist()  # type: ignore[assignment]  # (k,) ints
+        trimmed: Any = mlx_cache.trim_prompt_cache(cache, drafted - kept)  # a count
+        if trimmed != drafted - kept:
             # Rejected drafts would stay in the cache: never answer from a wrong state.
             raise RuntimeError(f"rollback of {drafted - kept} tokens failed")
         drafter.settle(kept, drafted, token, tokens)

@@ -58,14 +58,19 @@ def recording() -> Iterator[None]:
         _recording.reset(token)
 
 
-class RecordingConv1d(nn.Conv1d):
+# mlx.nn's stubs do not name Conv1d; the class is there at run time.
+_Conv1d: Any = getattr(nn, "Conv1d")  # noqa: B009
+
+
+class RecordingConv1d(_Conv1d):  # type: ignore[misc]
     """The gated-delta layer's convolution, keeping its input while a verify is recorded."""
 
     def __call__(self, x: mx.array) -> mx.array:
         records = _recording.get()
         if records is not None:
             records.append(("conv_input", x))
-        return super().__call__(x)
+        out: mx.array = super().__call__(x)
+        return out
 
 
 def _stepwise(update: Callable[..., tuple[mx.array, mx.array]]) -> Callable[..., Any]:
@@ -105,7 +110,7 @@ class RollbackArraysCache(mlx_cache.ArraysCache):
         self.trail: tuple[mx.array, list[mx.array | None]] | None = None
 
     def advance(self, N: int) -> None:
-        super().advance(N)
+        super().advance(N)  # type: ignore[no-untyped-call]  # mlx-lm leaves it unannotated
         records = _recording.get()
         self.trail = None
         if records is None:
@@ -130,8 +135,9 @@ class RollbackArraysCache(mlx_cache.ArraysCache):
             return 0
         keep = fed - n
         window = conv.shape[1] - fed  # kernel - 1 stored rows
-        self.cache[0] = mx.contiguous(conv[:, keep : keep + window, :])
-        self.cache[1] = states[keep]
+        store: list[Any] = self.cache  # mlx-lm's ArraysCache starts as [None] * size
+        store[0] = mx.contiguous(conv[:, keep : keep + window, :])
+        store[1] = states[keep]
         return n
 
 
@@ -194,7 +200,8 @@ def state_arrays(cache: list[Any]) -> list[mx.array]:
     out: list[mx.array] = []
     for c in cache:
         if isinstance(c, mlx_cache.ArraysCache):
-            out.extend(a for a in c.cache if a is not None)
+            arrays: list[Any] = c.cache
+            out.extend(a for a in arrays if a is not None)
             continue
         keys, values = c.state[0], c.state[1]
         for part in (keys, values):
@@ -213,7 +220,8 @@ def feed_kept(model: Any, cache: list[Any], block: mx.array, keep: int) -> None:
     fed = block.shape[1]
     for c in cache:
         if isinstance(c, mlx_cache.ArraysCache):
-            c.lengths = mx.array([keep])
+            held: Any = c  # mlx-lm types `lengths` by its first value, None
+            held.lengths = mx.array([keep])
     model(block, cache=cache)
     for c in cache:
         if isinstance(c, mlx_cache.ArraysCache):
@@ -244,7 +252,8 @@ def _proves_exact(model: Any) -> bool:
             model(block, cache=live)
         if not can_roll_back(live):
             return False
-        if mlx_cache.trim_prompt_cache(live, block.shape[1] - keep) != block.shape[1] - keep:
+        trimmed: Any = mlx_cache.trim_prompt_cache(live, block.shape[1] - keep)  # a count
+        if trimmed != block.shape[1] - keep:
             return False
         feed_kept(model, ref, block, keep)
         if not same_state(live, ref):
@@ -260,7 +269,7 @@ def enable(model: Any) -> bool:
     layers = _linear_layers(model)
     if not layers or not hasattr(model, "make_cache"):
         return False
-    if not all(type(getattr(layer.linear_attn, "conv1d", None)) in (nn.Conv1d, RecordingConv1d)
+    if not all(type(getattr(layer.linear_attn, "conv1d", None)) in (_Conv1d, RecordingConv1d)
                for layer in layers):  # a subclass would lose its own __call__
         return False
     if not _patch_module(model):
