@@ -344,8 +344,9 @@ def table(run: Run) -> list[str]:
                                                         PREFILL))]
         if short:
             lines += ["", f"Fewer than {ROWS} rows were decoding when the long prompt arrived "
-                      f"in some slots of {', '.join(short)} (a server that queues requests): "
-                      "those slots are left out of the before / during ratio."]
+                      f"in some slots of {', '.join(short)} (requests queued, or a row not "
+                      "yet started or already ended): those slots are left out of the "
+                      "before / during ratio."]
     return lines
 
 
