@@ -131,6 +131,7 @@ class Lane:
 
     cache: RowsCache | OneRow
     rows: list[Row] = field(default_factory=list)
+    step_s: float | None = None  # its steps' wall time, plain or verify: moving average
 
 
 class Engine:
@@ -325,7 +326,7 @@ class Engine:
         decoding = [lane for lane in self.lanes.values() if lane.rows]
         if not decoding or self.prefill_per_token is None:
             return PREFILL_CHUNK
-        step = sum(self.costs.time(len(lane.rows), 1) or 0.0 for lane in decoding)
+        step = sum(lane.step_s or 0.0 for lane in decoding)
         if step <= 0:
             return PREFILL_ALIGN
         tokens = int(step / self.prefill_per_token) // PREFILL_ALIGN * PREFILL_ALIGN
@@ -425,6 +426,7 @@ class Engine:
             return
         elapsed = time.perf_counter() - started
         self.costs.observe(B, max(depths) + 1 if any(depths) else 1, elapsed)
+        lane.step_s = elapsed if lane.step_s is None else 0.8 * lane.step_s + 0.2 * elapsed
         if B == 1:  # a request alone: its round times are the seat's adaptive figures
             row = lane.rows[0]
             spec = row.work.spec
