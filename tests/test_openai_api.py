@@ -75,15 +75,15 @@ def test_completion_prompt_forms() -> None:
 
 
 def test_sanctum_overrides_reach_the_generate_fields() -> None:
-    """`sanctum.prompt_cache: false` (with kv, speculation and a pinned draft depth) becomes
-    Generate fields; a depth out of 0..16 is a 400 naming it."""
+    """`sanctum.prompt_cache: false` (with kv, speculation, a pinned draft depth and a row
+    of its own) becomes Generate fields; a depth out of 0..16 is a 400 naming it."""
     from proxyd.openai_api import overrides
 
     body = (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}],'
-            b' "sanctum": {"prompt_cache": false, "kv": "q8", "draft_depth": 4}}')
+            b' "sanctum": {"prompt_cache": false, "kv": "q8", "draft_depth": 4, "solo": true}}')
     req, _, _ = parse_chat(body)
     assert overrides(req) == {"kv": "q8", "speculation": None, "prompt_cache": False,
-                              "draft_depth": 4}
+                              "draft_depth": 4, "solo": True}
     with pytest.raises(BadRequest):
         parse_chat(body.replace(b"prompt_cache", b"prompt_cash"))
     with pytest.raises(BadRequest) as bad:
