@@ -11,6 +11,7 @@ import pytest
 from sanctum.bench.neighbours import (
     NeighbourRow,
     batches,
+    fill_rows,
     groups,
     headline,
     mean_rows,
@@ -38,6 +39,17 @@ def test_batches_cover_every_case_in_windows_of_the_batch_size(
     assert got == want
     assert all(len(w) == size for w in got)
     assert {i for w in got for i in w} == set(range(n))
+
+
+@pytest.mark.parametrize(("others", "length", "count", "want"), [
+    ([[1, 2, 3, 4]], 2, 3, [[1, 2], [1, 2], [1, 2]]),         # cut; reused in turn
+    ([[1, 2], [7, 8, 9]], 5, 2, [[1, 2, 1, 2, 1], [7, 8, 9, 7, 8]]),  # repeated to length
+    ([[]], 2, 1, [[0, 0]]),                                    # an empty one: padding
+    ([[5], [6]], 1, 3, [[5], [6], [5]]),
+])
+def test_fill_rows_gives_rows_of_one_length(others: list[list[int]], length: int, count: int,
+                                            want: list[list[int]]) -> None:
+    assert fill_rows(others, length, count) == want
 
 
 def _row(workload: str, rule: str, config: str, arm: str, first: int | None, compared: int,
@@ -91,7 +103,8 @@ def _run() -> Run:
     return Run("n1", "neighbours", "A seeded answer alone against batched", "alone",
                [ArmInfo("alone", "a"), ArmInfo("batched", "b")], {}, 1, 0, 0,
                {"date": "d", "model": "builtin:demo"}, [], ["a note"],
-               extra={"neighbours": msgspec.to_builtins(ROWS), "tokens": 128})
+               extra={"neighbours": msgspec.to_builtins(ROWS), "tokens": 128,
+                      "shape_logit_diff": {"builtin:demo": 1.24e-5}})
 
 
 def test_section_and_headline_from_stored_rows() -> None:
@@ -110,6 +123,7 @@ def test_section_and_headline_from_stored_rows() -> None:
     assert ("| demo | prose | greedy t=0 | plain | batched | 0 | 6.50 | 41 / 41 | 40 | 41 "
             "| 5 / 6 |") in text
     assert "accelerated 30 x 2.25 / accelerated 30 x 2.25" in text
+    assert "differs by at most 1.2e-05 (demo) in any logit" in text
 
 
 def test_report_renders_neighbours_without_interleaving() -> None:

@@ -9,9 +9,12 @@ position sit closer than that rounding the token can flip, and the answer parts 
 A correctness measure, not a speed comparison: nothing is interleaved.  In this process,
 with the seat's own batch engine (`seatd.batch.Engine`), each held-out case (a workload,
 greedy or keyed) is decoded by an engine holding that one row ("alone"), and in engines
-of eight rows submitted together ("batched"): the cases are laid in windows of eight
-(`batches`), every row of a window is compared with its own answer alone, and a case in
-two windows is compared twice, with other neighbours.  The same is done with speculation
+of eight rows submitted together: the cases are laid in windows of eight (`batches`),
+every row of a window is compared with its own answer alone, and a case in two windows
+is compared twice, with other neighbours.  "batched" holds decoding until all eight have
+joined, so every token of an answer comes from a forward of all the rows still going;
+"joining" leaves the engine its own schedule (the first rows prefilled start decoding
+beside fewer rows while the others prefill).  The same is done with speculation
 (each row with its own model drafter, depth 3), where the batch decides per step whether
 a verify pays (`seatd.batch_policy`).  Where requests can ask for a lane of their own
 (`Generate.solo`), the windows are decoded once more with every row solo.
@@ -120,7 +123,33 @@ def mean_rows(sizes: dict[int, int]) -> float:
     return sum(b * n for b, n in sizes.items()) / steps if steps else 0.0
 
 
+def fill_rows(others: Sequence[Sequence[int]], length: int, count: int) -> list[list[int]]:
+    """`count` rows of exactly `length` tokens from `others`, taken in turn: each cut to
+    `length`, a shorter one repeated until it is long enough."""
+    out = []
+    for i in range(count):
+        ids = list(others[i % len(others)]) or [0]
+        while len(ids) < length:
+            ids += ids
+        out.append(ids[:length])
+    return out
+
+
 # -- decoding with the engine ------------------------------------------------------------
+
+
+def shape_difference(model: Any, prompt: Sequence[int], others: Sequence[Sequence[int]],
+                     ) -> float:
+    """The largest logit difference, over every position of `prompt`, between one
+    forward of it alone and one of it as the last of BATCH rows (the others cut from
+    `others`): how far batch shape alone moves the scores a token is chosen from."""
+    import mlx.core as mx
+
+    x = mx.array([list(prompt)], dtype=mx.uint32)
+    rest = mx.array(fill_rows(others, len(prompt), BATCH - 1), dtype=mx.uint32)
+    alone = model(x)[0]
+    batched = model(mx.concatenate([rest, x]))[BATCH - 1]
+    return float(mx.max(mx.abs(alone.astype(mx.float32) - batched.astype(mx.float32))))
 
 
 def solo_offered() -> bool:
@@ -138,9 +167,14 @@ class Decoded(msgspec.Struct):
 
 
 def decode_rows(loaded: Any, drafter_model: Any, cases: Sequence[Case], config: str,
-                tokens: int, solo: bool = False) -> tuple[list[Decoded], dict[int, int]]:
+                tokens: int, solo: bool = False, together: bool = False,
+                ) -> tuple[list[Decoded], dict[int, int]]:
     """`cases` submitted together to one engine (one row each, fp16 lane) and stepped
-    until every row is done; their answers and the steps seen at each batch size."""
+    until every row is done; their answers and the steps seen at each batch size.
+
+    The engine prefills one row at a time, so the first rows decode a good part of a
+    short answer before the last ones join.  `together` holds decoding until every row
+    has joined, so each answer is decoded in forwards of all the rows still going."""
     from seatd.adaptive import DepthStats
     from seatd.batch import Engine, Work
     from seatd.decode import DecodeResult, Speculation, output_width
@@ -157,6 +191,8 @@ def decode_rows(loaded: Any, drafter_model: Any, cases: Sequence[Case], config: 
     step = engine._decode
 
     def watched(lane: Any) -> None:
+        if together and (engine.joining or engine.inbox):
+            return  # prefill goes on; no row of the lane advances this step
         for r in lane.rows:
             seen.setdefault(r.rid, []).append(len(lane.rows))
         step(lane)
@@ -233,7 +269,7 @@ def run_model(loaded: Any, drafter_model: Any, model: str, cases: Sequence[Case]
                 t0 = time.perf_counter()
                 answers, sizes = decode_rows(loaded, drafter_model,
                                              [cases[i] for i in window], config, tokens,
-                                             solo=arm == "solo")
+                                             solo=arm == "solo", together=arm == "batched")
                 per_step = mean_rows(sizes)
                 for j, (i, answer) in enumerate(zip(window, answers, strict=True)):
                     others = [_label(cases[k]) for n, k in enumerate(window) if n != j]
@@ -258,7 +294,7 @@ def neighbours(opts: Options) -> Run:
     from shared.builtin import resolve_model
 
     models = [opts.model] + ([HYBRID] if opts.model == Options().model else [])
-    arms = ["batched", *(["solo"] if solo_offered() else [])]
+    arms = ["batched", "joining", *(["solo"] if solo_offered() else [])]
     started = time.perf_counter()
 
     def show(text: str) -> None:
@@ -267,18 +303,27 @@ def neighbours(opts: Options) -> Run:
 
     draft = load_for_compute(resolve_model(opts.drafter))
     rows: list[NeighbourRow] = []
+    shape: dict[str, float] = {}
     for model in models:
         loaded = load_for_compute(resolve_model(model))
-        rows += run_model(loaded, draft.model, model,
-                          cases(loaded, model, opts.workloads, opts.flip_tokens),
-                          opts.flip_tokens, arms, show)
+        held = cases(loaded, model, opts.workloads, opts.flip_tokens)
+        shape[model] = shape_difference(loaded.model, held[0].prompt_ids,
+                                        [c.prompt_ids for c in held[1:]] or [[0]])
+        show(f"{model}: batch shape moves the logits by up to {shape[model]:.2g}")
+        rows += run_model(loaded, draft.model, model, held, opts.flip_tokens, arms, show)
     elapsed = time.perf_counter() - started
     descriptions = {
         "alone": "the request alone: a batch engine (seatd.batch.Engine) holding that one "
                  "row",
         "batched": f"the same request as one of {BATCH} rows submitted together to one "
                    "engine (the other rows: other held-out cases, greedy and keyed, of "
-                   "other lengths; they join, decode and leave as the engine schedules them)",
+                   "other lengths), decoding held until every row has joined, so each "
+                   "answer is decoded in forwards of all the rows still going (rows that "
+                   "joined a lane with rows in it were prefilled in the engine's smaller "
+                   "chunks)",
+        "joining": f"the same {BATCH} rows on the engine's own schedule: each row decodes "
+                   "as soon as its prefill is in, beside the rows already decoding, so the "
+                   "first rows decode part of their answer in smaller batches",
     }
     if "solo" in arms:
         descriptions["solo"] = (f"the same {BATCH} requests, each asking for a lane of its "
@@ -303,7 +348,8 @@ def neighbours(opts: Options) -> Run:
                [ArmInfo(n, d) for n, d in descriptions.items()],
                {r.workload: r.workload for r in rows}, 1, 0, 0,
                machine(" + ".join(models)), [], notes,
-               extra={"neighbours": msgspec.to_builtins(rows), "tokens": opts.flip_tokens})
+               extra={"neighbours": msgspec.to_builtins(rows), "tokens": opts.flip_tokens,
+                      "shape_logit_diff": shape})
 
 
 # -- its section of the report --------------------------------------------------------------
@@ -349,8 +395,16 @@ def section(run: Run, title: str) -> list[str]:
              "up to it or over the whole answer. Tokens until the first difference are "
              "the equal tokens before it, over the answers that differ.", ""]
     lines += [f"- **{a.name}**: {a.description}" for a in run.arms]
-    lines += ["", *[f"- {n}" for n in run.notes], ""]
-    lines += ["| model | rule | speculative | against alone | answers | flips "
+    lines += ["", *[f"- {n}" for n in run.notes]]
+    shape = run.extra.get("shape_logit_diff")
+    if isinstance(shape, dict) and shape:
+        moved = ", ".join(f"{float(v):.2g} ({str(k).removeprefix('builtin:')})"
+                          for k, v in shape.items())
+        lines.append("- Batch shape alone moves the scores: the first case's prompt scored "
+                     f"in one forward alone and as the last of {BATCH} rows differs by at "
+                     f"most {moved} in any logit at any position. A flip needs a top-two "
+                     "gap below the difference at that position.")
+    lines += ["", "| model | rule | speculative | against alone | answers | flips "
               "| tokens compared | flips per 1,000 | tokens until the first difference "
               "(median / fewest) | rows in its forwards (mean) | speculation batched |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
