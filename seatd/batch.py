@@ -613,14 +613,7 @@ class Engine:
             observe(spec.stats, drafted, kept, None)
         if spec.policy is not None:
             spec.policy.observe(drafted, kept)
-        report.state = "accelerated"
-        report.drafts += 1
-        report.draft_tokens += drafted
-        report.accepted_tokens += kept
-        while len(report.accepted_per_position) < drafted:
-            report.accepted_per_position.append(0)
-        for i in range(kept):
-            report.accepted_per_position[i] += 1
+        report.verified(drafted, kept)
 
     def _batch_of(self, row: Row) -> list[Row]:
         lane = self.lanes.get(row.lane)

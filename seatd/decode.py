@@ -67,6 +67,17 @@ class SpecReport:
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
 
+    def verified(self, drafted: int, kept: int) -> None:
+        """A round verified `drafted` drafts and kept the first `kept` of them."""
+        self.state = "accelerated"
+        self.drafts += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += kept
+        while len(self.accepted_per_position) < drafted:
+            self.accepted_per_position.append(0)
+        for i in range(kept):
+            self.accepted_per_position[i] += 1
+
 
 @dataclass
 class Speculation:
@@ -253,14 +264,7 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
         observe(spec.stats, drafted, kept, time.perf_counter() - started)
         if policy is not None:
             policy.observe(drafted, kept)
-        report.state = "accelerated"
-        report.drafts += 1
-        report.draft_tokens += drafted
-        report.accepted_tokens += kept
-        while len(report.accepted_per_position) < drafted:
-            report.accepted_per_position.append(0)
-        for i in range(kept):
-            report.accepted_per_position[i] += 1
+        report.verified(drafted, kept)
         for t in [*tokens[:kept], token]:
             produced += 1
             yield t
