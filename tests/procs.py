@@ -171,3 +171,11 @@ def demo_config(port: int, *, seats: tuple[tuple[str, str, str, int], ...] | Non
     routes = routes or "".join(
         f'\n[[route]]\nmodel = "{n}"\nladder = ["{n}"]\n' for n, *_ in seats)
     return DEMO_CONFIG.format(port=port, seats=seat_text, routes=routes, drain_s=drain_s)
+
+
+def packaged_config(port: int) -> str:
+    """The packaged default config of `sanctum up`, listening on `port`."""
+    import shared
+
+    default = (Path(shared.__file__).parent / "default_config.toml").read_text()
+    return default.replace('listen = "127.0.0.1:8800"', f'listen = "127.0.0.1:{port}"')

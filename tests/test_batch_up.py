@@ -17,14 +17,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-import shared
-from tests.procs import Sanctum, free_port
+from tests.procs import Sanctum, free_port, packaged_config
 from tests.spec_models import snippet
 
 pytestmark = pytest.mark.slow
@@ -46,8 +44,7 @@ REQUESTS: list[tuple[str, str, float, float, int, int, int, list[str] | None]] =
 @pytest.fixture(scope="module")
 def up() -> Iterator[Sanctum]:
     port = free_port()
-    default = (Path(shared.__file__).parent / "default_config.toml").read_text()
-    config = default.replace('listen = "127.0.0.1:8800"', f'listen = "127.0.0.1:{port}"')
+    config = packaged_config(port)
     s = Sanctum(config, port=port, env={"SANCTUM_FAULT_ROW": MARKER})
     try:
         s.wait_ready(("demo",))
