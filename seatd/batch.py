@@ -4,8 +4,10 @@ Runs on the worker's MLX thread, one step at a time:
 
     admit     requests from the queue while the batch has room (`max_batch`) and the
               seat's KV budget holds their cache (`seatd.kv_budget`);
-    prefill   one chunk of one joining row's prompt (chunks on the `PREFILL_CHUNK`
-              grid, as a request alone computes them), between the others' steps;
+    prefill   one forward over a group of joining rows at one offset, their caches
+              stacked (`seatd.prefill_rows`): a chunk of each prompt (on the
+              `PREFILL_CHUNK` grid, whole chunks for a row alone), between the others'
+              steps, within a measured time per step;
     decode    one forward over every decoding row of a lane: plain (one token per row,
               the next step scheduled before this one's tokens are read) or a verify
               step (rows that draft feed their block, the others one token, padded);
@@ -34,7 +36,7 @@ from typing import Any
 import mlx.core as mx
 import structlog
 
-from seatd import recurrent
+from seatd import prefill_rows, recurrent
 from seatd.adaptive import PARK_TOKENS, observe
 from seatd.answer import Answer
 from seatd.batch_policy import StepCosts, plan_step
@@ -48,6 +50,7 @@ from seatd.decode import (
     make_cache,
 )
 from seatd.kv_budget import KVBudget
+from seatd.prefill_rows import PrefillCost, stack, stackable, take
 from seatd.rows_cache import SLACK, OneRow, RowsCache, lane_cache
 from seatd.sampling import Draws, Keyed, draws_for
 from seatd.verify import draft_probs, verify_greedy, verify_sampled
@@ -56,6 +59,10 @@ from shared.protocol import Generate, SamplingParams
 log = structlog.get_logger()
 
 Emit = Callable[[str, int, str], None]
+
+# Beside decoding rows a prefill step may take this share of their step time: their
+# inter-token gaps grow by less than that while a prompt joins.
+PREFILL_SHARE = 0.8
 
 
 class RowCancelled(Exception):
@@ -101,8 +108,6 @@ class Row:
     draws: Draws
     answer: Answer
     report: SpecReport
-    cache: list[Any] | None = None  # its own cache while it prefills
-    done: int = 0  # prompt tokens prefilled
     feed: mx.array | None = None  # (1,) the token it is fed next
     unread: bool = False  # `feed` is an answer token the host has not taken yet
     issued: int = 0  # answer tokens computed (taken or in flight)
@@ -123,6 +128,19 @@ class Row:
     @property
     def lane(self) -> str:
         return lane_key(self.work)
+
+
+@dataclass
+class Group:
+    """Joining rows prefilled by one forward: one lane, `done` prompt tokens each, their
+    caches stacked along the batch axis in the order of `rows`.  A group `alone` (a solo
+    row, a cache that cannot stack, a lane that cannot batch) never takes others."""
+
+    lane: str
+    rows: list[Row]
+    cache: list[Any]
+    done: int
+    alone: bool = False
 
 
 @dataclass
@@ -149,12 +167,13 @@ class Engine:
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.joining: list[Row] = []
+        self.groups: list[Group] = []
         self.lanes: dict[str, Lane] = {}
         self.costs = StepCosts()
         self.stopped = False
         self.batch_sizes: dict[int, int] = {}  # steps seen at each batch size
         self.kv_bytes = 0  # the batch's KV now, refreshed after every step
-        self.prefill_per_token: float | None = None  # seconds, moving average
+        self.prefill_cost = PrefillCost()
 
     # -- the worker's side (any thread) -----------------------------------------
 
@@ -196,7 +215,7 @@ class Engine:
 
     def _fail_all(self, error: BaseException) -> None:
         rows = [*self.joining, *(r for lane in self.lanes.values() for r in lane.rows)]
-        self.joining, self.lanes = [], {}
+        self.joining, self.groups, self.lanes = [], [], {}
         for row in rows:
             if not row.answer.closed:
                 self._finish(row, error)
@@ -206,8 +225,8 @@ class Engine:
         self._admit()
         self._cancels()
         worked = False
-        if self.joining:
-            self._prefill_one()
+        if self.groups:
+            self._prefill()
             worked = True
         for kv, lane in list(self.lanes.items()):
             if lane.rows:
@@ -216,7 +235,7 @@ class Engine:
             if not lane.rows and not any(r.lane == kv for r in self.joining):
                 del self.lanes[kv]
         self.kv_bytes = sum(lane.cache.nbytes for lane in self.lanes.values()) + sum(
-            _nbytes(r.cache) for r in self.joining)
+            _nbytes(g.cache) for g in self.groups)
         return worked
 
     # -- admission --------------------------------------------------------------
@@ -305,72 +324,146 @@ class Engine:
                     report.state = "declined:drafter_error"
         resume = work.resume
         if resume is not None and resume.cache is not None and resume.start > 0:
-            row.cache, row.done = resume.cache, resume.start
+            cache, done = resume.cache, resume.start
         else:
-            row.cache, row.done = make_cache(self.model, work.kv), 0
+            cache, done = make_cache(self.model, work.kv), 0
         if budget == 0:
             self._finish(row, None)
             return
         self.joining.append(row)
         if row.lane not in self.lanes:
             self.lanes[row.lane] = Lane(lane_cache(self.model, work.kv))
+        alone = (row.solo or self.lanes[row.lane].cache.capacity is not None
+                 or not stackable(cache))
+        self.groups.append(Group(row.lane, [row], cache, done, alone))
 
     # -- prefill ----------------------------------------------------------------
 
-    def _prefill_budget(self) -> int:
-        """Prompt tokens one prefill step may take.  With no row decoding, a whole chunk of
-        the grid (as a request alone always prefills).  With rows decoding, about what one
-        of their steps costs, so a long prompt lengthens their inter-token gaps by at most
-        about one step: the measured step time over the measured prefill time per token,
-        in multiples of PREFILL_ALIGN."""
+    def _prefill_time(self) -> float | None:
+        """The time one prefill step may take beside decoding rows: PREFILL_SHARE of
+        their steps' time, so their inter-token gaps grow by less than that; None with no
+        row decoding (whole chunks, as a request alone prefills)."""
         decoding = [lane for lane in self.lanes.values() if lane.rows]
-        if not decoding or self.prefill_per_token is None:
-            return PREFILL_CHUNK
-        step = sum(lane.step_s or 0.0 for lane in decoding)
-        if step <= 0:
-            return PREFILL_ALIGN
-        tokens = int(step / self.prefill_per_token) // PREFILL_ALIGN * PREFILL_ALIGN
-        return max(PREFILL_ALIGN, min(PREFILL_CHUNK, tokens))
+        if not decoding:
+            return None
+        return PREFILL_SHARE * sum(lane.step_s or 0.0 for lane in decoding)
 
-    def _prefill_one(self) -> None:
-        row = self.joining[0]
-        work = row.work
-        upto = len(work.prompt) - 1
-        # A solo row prefills as a request alone does, whoever else is decoding.
-        budget = PREFILL_CHUNK if row.solo else self._prefill_budget()
-        try:
-            if work.fault:
-                raise RuntimeError("injected row fault (SANCTUM_FAULT_ROW)")
-            if row.done < upto:
-                cuts = work.resume.cuts if work.resume is not None else ()
-                n = min(PREFILL_CHUNK - row.done % PREFILL_CHUNK, upto - row.done, budget,
-                        *(c - row.done for c in cuts if c > row.done))
-                chunk = mx.array(work.prompt[row.done : row.done + n], dtype=mx.uint32)
-                started = time.perf_counter()
-                self.model(chunk[None], cache=row.cache)
-                mx.eval([c.state for c in row.cache or []])
-                per = (time.perf_counter() - started) / n
-                old = self.prefill_per_token
-                self.prefill_per_token = per if old is None else 0.8 * old + 0.2 * per
-                row.done += n
-                resume = work.resume
-                if resume is not None and resume.keep is not None and row.done == resume.keep_at:
-                    assert row.cache is not None
-                    resume.keep(row.cache)
-            drafted = self._drafter_prefill(row, budget)
-            if row.done < upto or not drafted:
-                return
-            self.joining.pop(0)
-            self._join(row)
-        except Exception as exc:  # this row's prefill failed: the others go on
-            log.exception("row_prefill_failed", request_id=row.rid)
-            if row in self.joining:
-                self.joining.remove(row)
-            self._finish(row, exc)
+    def _row_tokens(self, group: Group) -> int:
+        """Prompt tokens each row of this group may take in this step."""
+        if group.alone and (group.rows[0].solo or not self._decoding()):
+            return PREFILL_CHUNK  # a request alone, or a solo row whoever else decodes
+        share = PREFILL_CHUNK // len(group.rows) // PREFILL_ALIGN * PREFILL_ALIGN
+        seconds = self._prefill_time()
+        if seconds is None:
+            return max(PREFILL_ALIGN, share)
+        total = self.prefill_cost.tokens_within(seconds, PREFILL_ALIGN)
+        if total is None:
+            return PREFILL_ALIGN
+        per_row = total // len(group.rows) // PREFILL_ALIGN * PREFILL_ALIGN
+        return max(PREFILL_ALIGN, min(PREFILL_CHUNK, per_row))
+
+    def _catch_up_tokens(self) -> int:
+        """Prompt tokens a decoding row's drafter takes in one step."""
+        seconds = self._prefill_time()
+        if seconds is None:
+            return PREFILL_CHUNK
+        return max(PREFILL_ALIGN, min(PREFILL_CHUNK, self.prefill_cost.tokens_within(
+            seconds, PREFILL_ALIGN) or PREFILL_ALIGN))
+
+    def _decoding(self) -> bool:
+        return any(lane.rows for lane in self.lanes.values())
+
+    def _merge(self) -> None:
+        """Groups of one lane that reached the same offset become one."""
+        merged: list[Group] = []
+        for g in self.groups:
+            into = next((m for m in merged if not m.alone and not g.alone
+                         and m.lane == g.lane and m.done == g.done), None)
+            if into is None:
+                merged.append(g)
+                continue
+            into.cache = stack([into.cache, g.cache])
+            into.rows.extend(g.rows)
+        self.groups = merged
+
+    def _prefill(self) -> None:
+        self._merge()
+        group = min(self.groups, key=lambda g: g.done)  # the furthest behind: the others
+        try:  # wait for it to catch up, and merge
+            for row in [r for r in group.rows if r.work.fault]:
+                self._drop_joining(group, row, RuntimeError(
+                    "injected row fault (SANCTUM_FAULT_ROW)"))
+            if group.rows:
+                self._prefill_group(group)
+        except Exception as exc:  # this group's prefill failed: the other rows go on
+            log.exception("row_prefill_failed", request_ids=[r.rid for r in group.rows])
+            if group in self.groups:
+                self.groups.remove(group)
+            for row in group.rows:
+                if row in self.joining:
+                    self.joining.remove(row)
+                self._finish(row, exc)
+        if not group.rows and group in self.groups:
+            self.groups.remove(group)
+
+    def _chunk(self, group: Group) -> int:
+        """Tokens for every row of the group in this step: on the chunk grid, at no row's
+        cut or keep point crossed, and no further than a group ahead of it (to merge)."""
+        done = group.done
+        limits = [PREFILL_CHUNK - done % PREFILL_CHUNK, self._row_tokens(group)]
+        for row in group.rows:
+            limits.append(len(row.work.prompt) - 1 - done)
+            resume = row.work.resume
+            if resume is not None:
+                limits.extend(c - done for c in resume.cuts if c > done)
+                if resume.keep is not None and resume.keep_at > done:
+                    limits.append(resume.keep_at - done)
+        if not group.alone:
+            limits.extend(g.done - done for g in self.groups
+                          if g.lane == group.lane and not g.alone and g.done > done)
+        return min(limits)
+
+    def _prefill_group(self, group: Group) -> None:
+        n = self._chunk(group)
+        started = time.perf_counter()
+        if n > 0:
+            block = mx.array([r.work.prompt[group.done : group.done + n] for r in group.rows],
+                             dtype=mx.uint32)
+            self.model(block, cache=group.cache)  # only the cache is evaluated: no logits
+            mx.eval([c.state for c in group.cache])
+            group.done += n
+        for b, row in enumerate(group.rows):
+            resume = row.work.resume
+            if resume is not None and resume.keep is not None and group.done == resume.keep_at:
+                resume.keep(take(group.cache, b) if len(group.rows) > 1 else group.cache)
+            self._drafter_prefill(row, max(n, PREFILL_ALIGN))
+        if n > 0:
+            self.prefill_cost.observe(n * len(group.rows), time.perf_counter() - started)
+        ready = [b for b, r in enumerate(group.rows)
+                 if group.done >= len(r.work.prompt) - 1]
+        if not ready:
+            return
+        rest = [b for b in range(len(group.rows)) if b not in ready]
+        for b in ready:
+            row = group.rows[b]
+            self.joining.remove(row)
+            self._join(row, take(group.cache, b) if len(group.rows) > 1 else group.cache)
+        group.cache = prefill_rows.keep(group.cache, rest) if rest else []
+        group.rows = [group.rows[b] for b in rest]
+
+    def _drop_joining(self, group: Group, row: Row, error: BaseException) -> None:
+        """A joining row ends alone: the rest of its group goes on without it."""
+        b = group.rows.index(row)
+        rest = [i for i in range(len(group.rows)) if i != b]
+        group.cache = prefill_rows.keep(group.cache, rest) if rest else []
+        group.rows = [group.rows[i] for i in rest]
+        self.joining.remove(row)
+        self._finish(row, error)
 
     def _drafter_prefill(self, row: Row, budget: int) -> bool:
-        """The row's model drafter takes the prompt in step with the target; True when
-        it has it (or the row does not speculate)."""
+        """The row's model drafter takes the prompt in step with the target (a row whose
+        target prefill is in before its drafter's decodes plainly until it is); True
+        when it has it (or the row does not speculate)."""
         spec = row.work.spec
         if row.drafter_in or not row.speculating or spec is None or spec.drafter is None:
             return True
@@ -388,12 +481,10 @@ class Engine:
             row.report.state = "declined:drafter_error"
             return True
 
-    def _join(self, row: Row) -> None:
+    def _join(self, row: Row, cache: list[Any]) -> None:
         work = row.work
         lane = self.lanes[row.lane]
-        assert row.cache is not None
-        lane.cache.join(row.cache, len(work.prompt) - 1)
-        row.cache = None
+        lane.cache.join(cache, len(work.prompt) - 1)
         row.feed = mx.array([work.prompt[-1]], dtype=mx.uint32)
         row.unread = False
         lane.rows.append(row)
@@ -441,6 +532,9 @@ class Engine:
         probe round, as a request alone does (`seatd.decode`)."""
         spec = row.work.spec
         if not row.speculating or spec is None or spec.drafter is None:
+            return 0, 1.0
+        if not row.drafter_in:  # its drafter is still taking the prompt
+            self._drafter_prefill(row, self._catch_up_tokens())
             return 0, 1.0
         room = min(row.answer.budget - row.issued,
                    self.context_length - len(row.work.prompt) - row.issued) - 1
@@ -622,9 +716,11 @@ class Engine:
     # -- leaving ----------------------------------------------------------------
 
     def _cancels(self) -> None:
-        for row in [r for r in self.joining if r.work.cancelled()]:
-            self.joining.remove(row)
-            self._finish(row, RowCancelled())
+        for group in list(self.groups):
+            for row in [r for r in group.rows if r.work.cancelled()]:
+                self._drop_joining(group, row, RowCancelled())
+            if not group.rows:
+                self.groups.remove(group)
         for lane in self.lanes.values():
             if any(r.work.cancelled() for r in lane.rows):
                 for r in lane.rows:

@@ -192,3 +192,49 @@ def test_a_solo_row_never_shares_a_forward(pair: tuple[Any, Any, Any],
     assert max(n for rid, n in shapes if rid != "1") == 2  # rows 0 and 2 share fp16
     result = got.results[1][0]
     assert result is not None and result.text == alone(pair, 1)
+
+
+def test_joining_rows_share_prefill_forwards(pair: tuple[Any, Any, Any],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows that arrive together are prefilled by one forward per step; a row arriving
+    later is prefilled first until it reaches the group's offset, then joins it; a solo
+    row never shares a forward.  Every answer is the request's own alone."""
+    from seatd import batch
+
+    model, tok, _ = pair
+    seen: list[tuple[tuple[str, ...], int]] = []
+    real = batch.Engine._prefill_group
+
+    def watched(self: Engine, group: Any) -> None:
+        seen.append((tuple(r.rid for r in group.rows), group.done))
+        real(self, group)
+
+    monkeypatch.setattr(batch.Engine, "_prefill_group", watched)
+    text = open(batch.__file__).read()
+    prompts = [tok.encode(text[i * 300 : i * 300 + 1000 + 150 * i]) for i in range(5)]
+    params = SamplingParams(max_tokens=8, temperature=0)
+    engine = Engine(model, tok, 4096, output_width(model), 8, KVBudget(1 << 30))
+    results: dict[str, DecodeResult | None] = {}
+
+    def submit(i: int, solo: bool = False) -> None:
+        request = Generate(str(i), False, params, prompt="-", solo=True if solo else None)
+        engine.submit(Work(request, prompts[i], "fp16", lambda t, c, s: None, lambda: False,
+                           lambda w, r, e: results.__setitem__(w.request.request_id, r)))
+
+    for i in range(3):
+        submit(i)
+    submit(4, solo=True)
+    engine.step()
+    assert seen[0] == (("0", "1", "2"), 0)  # one forward for the three
+    submit(3)
+    while len(results) < 5:
+        engine.step()
+    groups = [rids for rids, _ in seen]
+    first = groups.index(("3",))
+    assert ("0", "1", "2", "3") in groups[first:]  # caught up, then merged
+    assert all(rids == ("4",) for rids in groups if "4" in rids)
+    for i in range(5):
+        got = results[str(i)]
+        assert got is not None
+        want = decode(model, tok, prompts[i], params, kv="fp16", context_length=4096)
+        assert got.text == want.text, i

@@ -1,0 +1,116 @@
+"""Joining rows prefilled together, on the packaged models: caches stacked at one offset,
+one forward for all, and each row taken back out gives the logits it would get alone
+(to float tolerance: batch shapes change reduction orders); the prefill cost fit, as a
+table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from seatd import prefill_rows, recurrent
+from seatd.decode import make_cache
+from seatd.prefill_rows import PrefillCost, fit_cost, stack, stackable, take
+
+TOL = 2e-3
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [20, 21, 22, 23, 24, 25, 26],
+           [30, 31, 32, 33, 34, 35, 36, 37]]
+
+
+@pytest.fixture(scope="module", params=[("builtin:demo", "fp16"), ("builtin:demo", "q8"),
+                                        ("builtin:demo-hybrid", "fp16")],
+                ids=["fp16", "q8", "hybrid"])
+def lane(request: Any) -> tuple[Any, str]:
+    from seatd.model_load import load_for_compute
+    from shared.builtin import resolve_model
+
+    name, kv = request.param
+    model = load_for_compute(resolve_model(name), None).model
+    if "hybrid" in name:
+        assert recurrent.enable(model)
+    return model, kv
+
+
+def _alone(model: Any, kv: str, prompt: list[int]) -> tuple[list[Any], mx.array]:
+    """The prompt fed alone (all but its last token), and the logits of its last token."""
+    cache = make_cache(model, kv)
+    model(mx.array([prompt[:-1]]), cache=cache)
+    return cache, model(mx.array([prompt[-1:]]), cache=cache)[0, -1]
+
+
+def _close(a: mx.array, b: mx.array) -> bool:
+    return float(mx.abs(a - b).max().item()) < TOL
+
+
+def test_rows_prefilled_together_answer_as_alone(lane: tuple[Any, str]) -> None:
+    model, kv = lane
+    # Rows 0 and 1 start cold; row 2 arrives with 3 tokens already in its own cache.
+    caches = [make_cache(model, kv), make_cache(model, kv)]
+    group = stack(caches)
+    model(mx.array([p[:3] for p in PROMPTS[:2]]), cache=group)
+    late = make_cache(model, kv)
+    model(mx.array([PROMPTS[2][:3]]), cache=late)
+    assert stackable(group) and stackable(late)
+    group = stack([group, late])  # the late row caught up: one group of three at offset 3
+    model(mx.array([p[3:6] for p in PROMPTS]), cache=group)
+    # Row 1's prompt (all but its last token) is in: it leaves, the others go on.
+    row1 = take(group, 1)
+    group = prefill_rows.keep(group, [0, 2])
+    model(mx.array([PROMPTS[0][6:7], PROMPTS[2][6:7]]), cache=group)
+    row2 = take(group, 1)  # in too
+    row0 = take(group, 0)
+    model(mx.array([PROMPTS[0][7:9]]), cache=row0)  # the rest alone
+    for prompt, cache in zip(PROMPTS, [row0, row1, row2], strict=True):
+        want_cache, want = _alone(model, kv, prompt)
+        got = model(mx.array([prompt[-1:]]), cache=cache)[0, -1]
+        assert _close(got, want), prompt
+        assert int(mx.argmax(got).item()) == int(mx.argmax(want).item())
+
+
+def test_rows_at_different_offsets_do_not_stack(lane: tuple[Any, str]) -> None:
+    model, kv = lane
+    a, b = make_cache(model, kv), make_cache(model, kv)
+    model(mx.array([PROMPTS[0][:2]]), cache=a)
+    model(mx.array([PROMPTS[1][:3]]), cache=b)
+    if any(hasattr(c, "offset") for c in a):
+        with pytest.raises(ValueError, match="different offsets"):
+            stack([a, b])
+
+
+def test_other_caches_are_not_stackable() -> None:
+    from mlx_lm.models.cache import RotatingKVCache
+
+    assert not stackable([RotatingKVCache(max_size=8)])  # type: ignore[no-untyped-call]
+    assert not stackable([object()])
+
+
+@pytest.mark.parametrize("steps, want", [
+    ([], None),
+    ([(16, 0.032)], (0.0, 0.002)),  # one size: all of it per token (an over-estimate)
+    ([(16, 0.030), (64, 0.054), (128, 0.086)], (0.022, 0.0005)),  # fixed + per token
+    ([(16, 0.050), (64, 0.040)], (0.0, 0.09 / 80)),  # per token falls: no sense, mean
+    ([(16, 0.001), (64, 0.040)], (0.0, 0.041 / 80)),  # a negative fixed part: mean
+])
+def test_fit_cost(steps: list[tuple[int, float]], want: tuple[float, float] | None) -> None:
+    got = fit_cost(steps)
+    if want is None:
+        assert got is None
+        return
+    assert got is not None
+    assert got[0] == pytest.approx(want[0], abs=1e-9)
+    assert got[1] == pytest.approx(want[1], rel=1e-9)
+
+
+@pytest.mark.parametrize("steps, seconds, want", [
+    ([], 0.05, None),
+    ([(16, 0.030), (64, 0.054), (128, 0.086)], 0.054, 64),
+    ([(16, 0.030), (64, 0.054), (128, 0.086)], 0.01, 16),  # less than the fixed part: floor
+    ([(32, 0.032)], 0.064, 64),
+])
+def test_tokens_within(steps: list[tuple[int, float]], seconds: float, want: int | None) -> None:
+    cost = PrefillCost()
+    for tokens, s in steps:
+        cost.observe(tokens, s)
+    assert cost.tokens_within(seconds, 16) == want
