@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ import zmq
 import zmq.asyncio
 
 from seatd import blas
+from seatd.answer import seam
 from seatd.batch import Engine, RowCancelled, Work
 from seatd.counters import SeatCounters
 from seatd.decode import PREFILL_CHUNK, DecodeResult, output_width
@@ -69,7 +71,6 @@ from shared.protocol import (
 )
 
 log = structlog.get_logger()
-
 
 
 class Refusal(Exception):
@@ -266,13 +267,13 @@ class SeatWorker:
         assert self.loop is not None
         loop = self.loop
 
-        def emit(text: str, count: int, state: str) -> None:
+        def emit(text: str, count: int, state: str, ids: Sequence[int] = ()) -> None:
             ahead = sum(1 for other in list(self.running.values())
                         if other.started_at is not None and job.started_at is not None
                         and other.started_at < job.started_at)
             self.send_threadsafe(job.identity, Chunk(request.request_id, text, count,
                                                      self.counters.served + ahead + 1, state,
-                                                     job.fingerprint))
+                                                     job.fingerprint, tuple(ids)))
 
         def done(work: Work, result: DecodeResult | None, error: BaseException | None) -> None:
             loop.call_soon_threadsafe(self.finished, job, work, result, error)
@@ -306,6 +307,23 @@ class SeatWorker:
                  "limit": limit}), len(prompt))
         if not prompt:
             raise Refusal(Rejected(400, "empty_prompt", "the prompt is empty"))
+        if request.prefix is not None or request.prefix_ids is not None:
+            # A continued answer: the answer so far follows the prompt, and its answer
+            # positions start after it (the engine reads `prefix_ids`).
+            ids = continuation_ids(loaded.tokenizer, request)
+            if ids is None:
+                raise Refusal(Rejected(400, "prefix_mismatch",
+                                       "the answer's text does not match its tokens"))
+            if len(prompt) + len(ids) >= loaded.context_length:
+                raise Refusal(Rejected(
+                    413, "prompt_too_long",
+                    f"prompt and answer so far have {len(prompt) + len(ids)} tokens; seat "
+                    f"{self.seat.name} has a context of {loaded.context_length}",
+                    {"prompt_tokens": len(prompt) + len(ids),
+                     "cap": loaded.context_length - 1, "seat": self.seat.name,
+                     "limit": "context"}), len(prompt) + len(ids))
+            work.request = request = msgspec.structs.replace(request, prefix_ids=tuple(ids))
+            prompt = prompt + ids
         work.prompt = prompt
         work.fault = _faulty(request)
         work.reserve = row_bytes(loaded.prompt_cache.per_token(work.kv), len(prompt),
@@ -458,6 +476,26 @@ class SeatWorker:
             unlink_endpoint(worker_endpoint(self.config, self.seat.name))
             self.mlx.shutdown(wait=False, cancel_futures=True)
         return code
+
+
+def continuation_ids(tokenizer: Any, request: Generate) -> list[int] | None:
+    """The tokens of a continued answer's prefix: the ones the seat that began it sent
+    (`prefix_ids`, from a seat with this tokenizer), or the text's own tokens.  None when
+    they do not decode to the text the client has (`seatd.answer.seam`)."""
+    sent = request.prefix or ""
+    ids = (list(request.prefix_ids) if request.prefix_ids is not None
+           else list(tokenizer.encode(sent, add_special_tokens=False)))
+    detok = tokenizer.detokenizer
+    detok.reset()
+    for token in ids:
+        detok.add_token(token)
+    try:
+        seam(detok.last_segment, sent)
+    except ValueError:
+        return None
+    finally:
+        detok.reset()
+    return ids
 
 
 def _faulty(request: Generate) -> bool:

@@ -95,6 +95,15 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     draft_depth: int | None = None
     # True: a row of its own, never in a forward with other requests (seatd/batch.py).
     solo: bool | None = None
+    # A continued answer (another rung began it and failed mid-stream): the text the
+    # client already has, which this rung's answer starts with and must not send again.
+    # A local seat puts its tokens after the prompt and samples from the answer
+    # position after them; a hosted rung gets it as an assistant prefill (chat) or the
+    # prompt's tail (completions).
+    prefix: str | None = None
+    # The prefix's tokens as the seat that produced them sent them (only from a seat
+    # with the same tokenizer); None: the seat encodes `prefix` itself.
+    prefix_ids: tuple[int, ...] | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
@@ -155,6 +164,10 @@ class Chunk(msgspec.Struct, frozen=True, tag="chunk"):
     speculation: str = ""
     # The seat's system_fingerprint for this request's lane (`seatd.fingerprint`).
     fingerprint: str = ""
+    # The answer tokens taken since the previous chunk (some of their text may still be
+    # held back), so that another seat with the same tokenizer can continue the answer
+    # from exactly these tokens.  Empty from a hosted rung.
+    ids: tuple[int, ...] = ()
 
 
 class Final(msgspec.Struct, frozen=True, tag="final"):
