@@ -44,7 +44,8 @@ class Proxy:
         self.clients: dict[str, Client] = {}
         self.breakers: dict[str, Breaker] = {s.name: Breaker() for s in config.seat}
         self.breaker_policy = BreakerPolicy(config.proxy.breaker_threshold,
-                                            config.proxy.breaker_cooldown_s)
+                                            config.proxy.breaker_cooldown_s,
+                                            config.proxy.breaker_cooldown_max_s)
         self.ctx: zmq.asyncio.Context | None = None
         keys_env = config.proxy.api_keys_env
         raw = os.environ.get(keys_env, "") if keys_env else ""

@@ -37,10 +37,12 @@ class ProxyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # `liveness` intervals is lost.
     heartbeat_s: Positive = 1.0
     liveness: PositiveInt = 3
-    # A rung's circuit opens after this many real failures in a row and admits
-    # one probe after the cool-down.
+    # A rung's circuit opens after this many real failures in a row and admits one
+    # probe (one try) after the cool-down; each failed probe doubles the cool-down, up
+    # to breaker_cooldown_max_s, and a probe that succeeds closes the circuit.
     breaker_threshold: PositiveInt = 3
-    breaker_cooldown_s: Positive = 10.0
+    breaker_cooldown_s: Positive = 1.0
+    breaker_cooldown_max_s: Positive = 30.0
 
 
 class SeatdConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
