@@ -5,6 +5,8 @@ the weights), the same template path the seat uses (`shared.prompt`).  Hosted
 rungs: an upper bound from the prompt's bytes (`shared.caps.hosted_estimate`).
 A seat whose tokenizer cannot be loaded here is admitted unchecked: the seat
 still checks exactly before prefill, and `sanctum check` reports the model.
+A continued answer (`Generate.prefix`) is counted with its prefix: the longer
+prompt is admitted again, by the same rule, for every rung that may continue it.
 """
 
 from __future__ import annotations
@@ -88,6 +90,8 @@ class Admission:
                     else [gen.prompt or ""]
                 if gen.tools_json:
                     texts.append(gen.tools_json)
+                if gen.prefix:
+                    texts.append(gen.prefix)
                 memo[key] = caps.hosted_estimate(texts)
             cap = caps.proxy_cap(seat_cap or caps.DEFAULT_CAP, p.hosted_margin,
                                  seat.proxy_max_prompt_tokens)
@@ -103,7 +107,7 @@ class Admission:
             if bound_key not in memo:
                 try:
                     memo[bound_key] = prompt_bound(tokenizer, gen.messages, gen.prompt,
-                                                   gen.tools_json)
+                                                   gen.tools_json) + _prefix_bound(gen)
                 except Exception as exc:  # the chat template refused these messages
                     raise BadRequest("the messages do not fit the model's chat template: "
                                      f"{exc}", param="messages") from None
@@ -111,8 +115,25 @@ class Admission:
                 return Verdict(memo[bound_key], cap, seat_cap, p.tokenizer_margin, exact=False)
             try:
                 memo[key] = len(await asyncio.to_thread(
-                    prompt_ids, tokenizer, gen.messages, gen.prompt, gen.tools_json))
+                    prompt_ids, tokenizer, gen.messages, gen.prompt, gen.tools_json)) \
+                    + await asyncio.to_thread(_prefix_tokens, tokenizer, gen)
             except Exception as exc:  # the chat template refused these messages
                 raise BadRequest(f"the messages do not fit the model's chat template: {exc}",
                                  param="messages") from None
         return Verdict(memo[key], cap, seat_cap, p.tokenizer_margin)
+
+
+def _prefix_bound(gen: Generate) -> int:
+    """A continued answer's prefix, bounded like a prompt: a token covers a byte or more."""
+    if gen.prefix_ids is not None:
+        return len(gen.prefix_ids)
+    return len((gen.prefix or "").encode("utf-8"))
+
+
+def _prefix_tokens(tokenizer: Any, gen: Generate) -> int:
+    """A continued answer's prefix, counted as the seat will (seatd.worker)."""
+    if gen.prefix_ids is not None:
+        return len(gen.prefix_ids)
+    if not gen.prefix:
+        return 0
+    return len(tokenizer.encode(gen.prefix, add_special_tokens=False))

@@ -25,6 +25,9 @@ LABELLED: dict[str, tuple[str, ...]] = {
     "answered_by": ("seat",),
     "attempts": ("seat", "outcome"),
     "fallbacks": ("reason",),
+    # a stream that broke after its commit and was continued by another rung: why, and
+    # from which rung to which (counted when the continuing rung sends its first text)
+    "continuations": ("reason", "from_seat", "to_seat"),
 }
 
 
@@ -53,6 +56,12 @@ class ProxyCounters:
         for (seat, outcome), v in self.labelled["attempts"].items():
             attempts.setdefault(seat, {})[outcome] = v
         out["attempts"] = attempts
+        by_reason: dict[str, int] = {}
+        by_pair: dict[str, int] = {}
+        for (reason, src, dst), v in self.labelled["continuations"].items():
+            by_reason[reason] = by_reason.get(reason, 0) + v
+            by_pair[f"{src}>{dst}"] = by_pair.get(f"{src}>{dst}", 0) + v
+        out["continuations"] = {"by_reason": by_reason, "by_pair": by_pair}
         r = summarise(self.plain["over_cap"], self.refused_sample)
         out["over_cap_prompts"] = {"count": r.count, "median": r.median, "max": r.max}
         return out

@@ -4,8 +4,13 @@
     Text(text)                          committed text, in order (streams only)
     Done(answer, text, finish, usage)   the answer is complete; `text` is all of it for a
                                         non-stream request, empty for a stream
-    Abort(message, code, seat, attempts)  a begun stream cannot be finished: it ends
+    Abort(message, code, seat, attempts)  a begun stream no rung could finish: it ends
                                         with a terminal error, never a short "complete"
+
+A stream whose answering rung fails after the commit is continued by the next
+allowed rung: its text follows as more `Text` events, without a seam, and
+`answer.seat` names the rung sending now (each chunk names the rung that wrote
+it); `answer.segments` lists every rung's part.
 
 A request that no rung answered before commit ends with a `SanctumError` raised
 from the ladder instead (proxyd/conclusion.py), which the error middleware
@@ -14,6 +19,8 @@ these events in its own API's shape; none of them decides anything.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 
@@ -34,15 +41,24 @@ class Answer(msgspec.Struct):
     upstream_model: str = ""
     # The seat's system_fingerprint: changes exactly when a seeded answer's bytes can.
     fingerprint: str = ""
+    # Every rung's part of the answer, in order (one for an answer nothing interrupted).
+    segments: list[dict[str, str | int]] = []
 
-    def sanctum(self) -> dict[str, str | int]:
-        out: dict[str, str | int] = {"seat": self.seat, "served": self.served,
-                                     "attempts": self.attempts,
-                                     "speculation": self.speculation,
-                                     "request_id": self.request_id}
+    def sanctum(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"seat": self.seat, "served": self.served,
+                               "attempts": self.attempts,
+                               "speculation": self.speculation,
+                               "request_id": self.request_id}
         if self.upstream_model:
             out["upstream_model"] = self.upstream_model
+        if self.segments:
+            out["segments"] = self.segments
         return out
+
+    @property
+    def continued(self) -> bool:
+        """More than one rung wrote this answer."""
+        return len(self.segments) > 1
 
     def headers(self) -> dict[str, str]:
         return {
@@ -72,8 +88,9 @@ class Done(msgspec.Struct, frozen=True):
 class Abort(msgspec.Struct, frozen=True):
     message: str
     code: str
-    seat: str
+    seat: str  # the rung that broke the answer
     attempts: str = ""
+    segments: list[dict[str, str | int]] = []  # what each rung had sent
 
 
 Event = Commit | Text | Done | Abort

@@ -5,7 +5,8 @@
 The journey (proxyd/journey.py) decides; the door (proxyd/responses.py)
 renders; this writes.  Response headers are sent only at the commit point (the
 answering seat's first text, or its whole answer), so `X-Sanctum-Seat` and
-`X-Sanctum-Attempts` are true when they leave.  A write that fails, or a client
+`X-Sanctum-Attempts` are true when they leave (the attempt that began the answer is
+listed as `streaming`: it has not ended yet).  A write that fails, or a client
 whose transport is closing, ends the journey as a departure.
 """
 
@@ -85,13 +86,17 @@ async def serve(request: web.Request, proxy: Proxy, door: Door, route: RouteConf
                         if response is None:  # answered, but its client left meanwhile
                             proxy.counters.inc("client_disconnects")
                             return web.Response(status=499)
-                    await _write(response, door.closing(a, event.finish_reason, event.usage))
+                    closing = door.closing(a, event.finish_reason, event.usage)
+                    if a.continued:  # after [DONE]: every rung's part, for who reads on
+                        closing += door.trailer(a)
+                    await _write(response, closing)
                     return response
                 elif isinstance(event, Abort):
                     assert response is not None
                     await _write(response, door.error_event(
                         event.message, event.code,
-                        {"seat": event.seat, "attempts": event.attempts}))
+                        {"seat": event.seat, "attempts": event.attempts,
+                         "segments": event.segments}))
                     return response
     except asyncio.CancelledError:
         # The proxy is stopping past its drain: end a begun answer honestly.

@@ -14,13 +14,17 @@ on this rung, retries and their pauses included.
 How an upstream's answer ends (the `Failed` reasons; proxyd/retry.py decides
 which are tried again):
 
-    connection_reset      reset or closed before any byte of the response   retried
+    connection_reset      reset or closed at once, before any byte          retried
+    silent_close          closed before any byte after holding the request  next rung
+                          silent (SILENT_CLOSE_S or half the first-token
+                          budget): a silent upstream is never waited on twice
     upstream_429, upstream_500/502/503/504                                 retried
     connect_failed        refused, no route, DNS                            next rung
     connect_timeout, first_token_timeout, stall_timeout, deadline          next rung
     stream_cut            closed before its finish_reason                   next rung
     malformed_stream      an event that is not a valid JSON chunk           next rung
     upstream_error        an error event inside the stream                  next rung
+    (after text was sent, "next rung" means the next rung continues the answer)
     upstream_401/403/404  the rung's key, model name or URL is wrong        next rung
     other statuses        upstream_<status>                                 next rung
 
@@ -31,6 +35,14 @@ with its reason.  A context-length 400 is normalised to the code
 larger cap may take it).  401, 403 and 404 are not the client's fault: the
 client's own key is fine, so answering 401 would mislead it; they are real
 failures of this rung, never retried, and they open its circuit.
+
+A continued answer (`Generate.prefix`: another rung began it) is asked for as an
+assistant prefill (chat: the text already sent is a trailing assistant message) or
+as the prompt's tail (completions), with what is left of `max_tokens`.  An upstream
+that refuses a trailing assistant message answers 400, which the ladder takes as
+this rung declining to continue, not as the answer's failure.
+
+A half-open circuit's probe is one try (`frames(..., tries=1)`).
 
 A stream that ends after its finish_reason is complete, with or without
 `data: [DONE]`: once the finish reason and the usage have both arrived it is
@@ -89,6 +101,11 @@ TAIL_S = 1.0
 MESSAGE_MAX = 500
 # The longest SSE line an upstream may send (the client session reads 1 MiB at a time).
 LINE_MAX = 1 << 20
+# A connection closed before any byte of the response is a transient reset when it
+# comes at once (a stale pooled connection, a restarting server), and a silent
+# upstream when it came after this long (or half the first-token budget, if less):
+# such an upstream is not asked again.
+SILENT_CLOSE_S = 2.0
 
 
 class HostedClient:
@@ -139,8 +156,10 @@ class HostedClient:
             for m in body["messages"]:
                 if m.get("name") is None:
                     m.pop("name", None)
+            if gen.prefix:  # continue the answer another rung began
+                body["messages"].append({"role": "assistant", "content": gen.prefix})
             return "/chat/completions", body
-        body["prompt"] = gen.prompt or ""
+        body["prompt"] = (gen.prompt or "") + (gen.prefix or "")
         return "/completions", body
 
     def session(self) -> aiohttp.ClientSession:
@@ -157,14 +176,20 @@ class HostedClient:
     # -- one request: tries until an answer, a give-up, or the deadline ---------
 
     async def frames(self, gen: Generate, first_token_s: float, stall_s: float,
-                     gone: Callable[[], bool] = lambda: False) -> AsyncGenerator[RungFrame, None]:
+                     gone: Callable[[], bool] = lambda: False,
+                     tries: int | None = None) -> AsyncGenerator[RungFrame, None]:
         """Tries until an answer, a give-up or the deadline; a client that went away
-        (`gone()`) is never tried for again: the attempt ends `client_disconnected`."""
+        (`gone()`) is never tried for again: the attempt ends `client_disconnected`.
+        `tries` caps the tries below the rung's own `max_attempts` (a probe: 1)."""
         rid = gen.request_id
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.seat.total_timeout_s
         path, body = self._body(gen)
         chat = gen.messages is not None
+        policy = self.policy
+        if tries is not None and tries < policy.max_attempts:
+            policy = RetryPolicy(tries, policy.backoff_initial_s, policy.backoff_max_s,
+                                 policy.retry_after_max_s)
         attempt = 0
         while True:
             if attempt and gone():  # left during the back-off: no try for nobody
@@ -175,8 +200,8 @@ class HostedClient:
             end: TryEnd | None = None
             sent = 0
             async with aclosing(self._try(rid, path, body, chat, first_token_s, stall_s,
-                                          deadline)) as tries:
-                async for item in tries:
+                                          deadline)) as one_try:
+                async for item in one_try:
                     if isinstance(item, TryEnd):
                         end = item
                     else:
@@ -186,7 +211,7 @@ class HostedClient:
             outcome = end.outcome
             if isinstance(outcome, Failed) and sent == 0:
                 decision = next_try(outcome.reason, attempt, end.retry_after_s,
-                                    deadline - loop.time(), self.policy, self._rand())
+                                    deadline - loop.time(), policy, self._rand())
                 log.info("hosted_try_failed", seat=self.name, request_id=rid, attempt=attempt,
                          reason=outcome.reason, message=outcome.message,
                          retry_after_s=end.retry_after_s,
@@ -213,7 +238,8 @@ class HostedClient:
                    first_token_s: float, stall_s: float,
                    deadline: float) -> AsyncGenerator[Chunk | TryEnd, None]:
         loop = asyncio.get_running_loop()
-        first_by = min(loop.time() + first_token_s, deadline)
+        sent_at = loop.time()
+        first_by = min(sent_at + first_token_s, deadline)
 
         def late(reason: str, until: float) -> str:
             return "deadline" if until >= deadline else reason
@@ -234,7 +260,13 @@ class HostedClient:
             yield TryEnd(Failed("connect_failed", self.scrub(str(exc.os_error or exc))))
             return
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
-            yield TryEnd(Failed("connection_reset", self.scrub(f"{type(exc).__name__}: {exc}")))
+            waited = loop.time() - sent_at
+            said = self.scrub(f"{type(exc).__name__}: {exc}")
+            if waited >= min(SILENT_CLOSE_S, first_token_s / 2):
+                yield TryEnd(Failed("silent_close",
+                                    f"closed without a byte after {waited:.3g}s ({said})"))
+            else:
+                yield TryEnd(Failed("connection_reset", said))
             return
         except aiohttp.ClientError as exc:
             yield TryEnd(Failed("connect_failed", self.scrub(f"{type(exc).__name__}: {exc}")))

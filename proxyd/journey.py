@@ -6,10 +6,12 @@ This is plumbing: every decision is a pure function elsewhere (which rungs may
 be tried: `ladder.plan`; whether the prompt fits a rung: `Admission.judge` and
 `caps`; whether the rung's circuit admits it: `breaker.admit`; what an
 attempt's end means before and after commit: `ladder.decide`; what it tells the
-circuit: `ladder.breaker_verdict`; which error ends a request no rung answered:
+circuit: `ladder.breaker_verdict`; what a continuing rung is asked:
+`ladder.continued`; which error ends a request no rung answered:
 `conclusion.conclude`).  The journey calls them in order, counts, logs, and
 yields `proxyd.events` for a front door to render.  A request no rung answered
-before commit ends with the conclusion's error, raised.
+before commit ends with the conclusion's error, raised; a stream that began and
+that no later rung could finish ends with an `Abort`.
 
 The front door tells the journey when its client went away (`left()`) and then
 stops iterating; closing the iterator ends the seat's attempt (its work is
@@ -24,6 +26,7 @@ from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from typing import Any
 
+import msgspec
 import structlog
 
 from proxyd.conclusion import conclude
@@ -31,20 +34,23 @@ from proxyd.events import Abort, Answer, Commit, Done, Event, Text
 from proxyd.ladder import (
     Attempt,
     Phase,
+    Segment,
     Skipped,
     Step,
     attempts_header,
+    continued,
     decide,
     fallback_reason,
     offbox_allowed,
     outcome_label,
     plan,
+    prefix_ids,
 )
 from proxyd.proxy import Proxy
 from proxyd.seat_client import SeatClient
 from shared.config import RouteConfig
 from shared.errors import client_error
-from shared.protocol import Chunk, Failed, Final, Generate, Ok, Outcome, Rejected, Retry
+from shared.protocol import Chunk, Failed, Final, Generate, Outcome, Rejected, Retry
 
 log = structlog.get_logger()
 
@@ -61,6 +67,8 @@ class Journey:
         self.probes: set[str] = set()  # rungs this request holds the half-open probe of
         self.seat = ""  # the rung being tried now
         self.committed = False
+        self.segments: list[Segment] = []  # the rungs that wrote the answer, in order
+        self.sent: list[str] = []  # the text the client has, as it went out
         self.created = int(time.time())
         self.started = time.monotonic()
 
@@ -78,19 +86,39 @@ class Journey:
         log.info("client_disconnected", request_id=self.gen.request_id, seat=self.seat,
                  committed=self.committed)
 
+    def request_for(self, name: str) -> Generate:
+        """What rung `name` is asked: the request, or after the commit point the request
+        continued from the text already sent (with its exact tokens where they fit)."""
+        if not self.committed:
+            return self.gen
+        client = self.proxy.clients[name]
+        hosted = not isinstance(client, SeatClient)
+        pong = client.pong if isinstance(client, SeatClient) else None
+        ids = prefix_ids(self.segments, pong.tokenizer_hash) if pong is not None else None
+        return continued(self.gen, "".join(self.sent), ids,
+                         sum(seg.tokens for seg in self.segments), hosted)
+
     async def events(self) -> AsyncGenerator[Event, None]:
-        proxy, gen, counters = self.proxy, self.gen, self.proxy.counters
-        rid, stream = gen.request_id, gen.stream
+        proxy, counters = self.proxy, self.proxy.counters
+        rid, stream = self.gen.request_id, self.gen.stream
         memo: dict[Any, int] = {}
+        answer: Answer | None = None
+        broke: tuple[str, Failed | Rejected] | None = None  # the last rung that failed
         for name in self.plan.rungs:
             self.seat = name
             seat_cfg = proxy.seats[name]
             client = proxy.clients[name]
+            gen = self.request_for(name)
+            if self.committed:
+                memo = {}  # a longer prompt: counted again for every rung
             pong = client.pong if isinstance(client, SeatClient) else None
             verdict = await proxy.admission.judge(seat_cfg, gen, memo,
                                                   pong.max_prompt_tokens if pong else 0)
             if not verdict.admitted:
                 self.record(name, Skipped("over_cap", verdict))
+                if self.committed:
+                    log.info("continuation_over_cap", request_id=rid, seat=name,
+                             prompt_tokens=verdict.tokens, cap=verdict.cap)
                 continue
             admitted, probe = proxy.admit(name)
             if not admitted:
@@ -98,20 +126,25 @@ class Journey:
                 continue
             if probe:
                 self.probes.add(name)
-            answer = Answer(rid, name, self.created)
+            if answer is None:
+                answer = Answer(rid, name, self.created)
+            segment = Segment(name, tokenizer=pong.tokenizer_hash if pong else "",
+                              ids=[] if pong else None)
             texts: list[str] = []
             # An attempt also ends when the client leaves while it waits (a local seat's
-            # queue place, prefill or next chunk; a hosted rung's back-off).
-            frames = client.frames(gen, seat_cfg.first_token_timeout_s,
-                                   seat_cfg.stall_timeout_s, gone=self.gone)
+            # queue place, prefill or next chunk; a hosted rung's back-off).  A rung's
+            # half-open probe is one try.
+            frames = client.frames(gen, seat_cfg.first_token_s, seat_cfg.stall_s,
+                                   gone=self.gone, tries=1 if probe else None)
             async with aclosing(frames) as it:
                 async for frame in it:
                     if type(frame) is Chunk:
-                        answer.served = frame.served_if_ok
-                        answer.speculation = frame.speculation or answer.speculation
-                        answer.fingerprint = frame.fingerprint or answer.fingerprint
                         if not stream:
                             texts.append(frame.text)
+                            segment.tokens = max(segment.tokens, frame.completion_tokens)
+                            answer.served = frame.served_if_ok
+                            answer.speculation = frame.speculation or answer.speculation
+                            answer.fingerprint = frame.fingerprint or answer.fingerprint
                             if self.gone():
                                 self.left()
                                 return
@@ -120,10 +153,24 @@ class Journey:
                             if self.gone():
                                 self.left()
                                 return
-                            # Committing to this seat: it is the answering one.
-                            answer.attempts = attempts_header([*self.attempts, (name, Ok())])
+                            # Committing to this seat: it begins the answer.  Its attempt
+                            # has not ended, so the header says so.
+                            self.note(answer, name, frame)
+                            answer.attempts = attempts_header(self.attempts, streaming=name)
                             self.committed = True
                             yield Commit(answer)
+                        else:
+                            if segment not in self.segments:
+                                # The first text of a continuing rung: the seam.
+                                assert broke is not None
+                                self.seam(broke, name)
+                            self.note(answer, name, frame)
+                        if segment not in self.segments:
+                            self.segments.append(segment)
+                        segment.tokens = max(segment.tokens, frame.completion_tokens)
+                        if segment.ids is not None:
+                            segment.ids.extend(frame.ids)
+                        self.sent.append(frame.text)
                         yield Text(frame.text)
                         continue
                     if isinstance(frame, Retry):
@@ -137,12 +184,13 @@ class Journey:
                         self.left()
                         return
                     self.record(name, outcome)
+                    segment.served, segment.outcome = frame.served, outcome_label(outcome)
                     phase = Phase.AFTER_COMMIT if self.committed else Phase.BEFORE_COMMIT
                     step = decide(outcome, phase)
                     if step is not Step.DONE:  # an answer is logged once, as `answered`
                         log.info("attempt", request_id=rid, seat=name,
                                  outcome=outcome_label(outcome), phase=phase.value,
-                                 step=step.value)
+                                 step=step.value, sent_tokens=segment.tokens)
                     if step is Step.NEXT_RUNG:
                         counters.inc("fallbacks", fallback_reason(outcome))
                         break
@@ -159,28 +207,54 @@ class Journey:
                         raise client_error(outcome.status, outcome.code, outcome.message,
                                            attempts=attempts_header(self.attempts),
                                            **outcome.extra)
-                    if step is Step.ABORT_STREAM:
-                        counters.inc("midstream_aborts")
-                        yield Abort(f"seat {name} failed after the answer began "
-                                    f"({outcome_label(outcome)}); the answer is incomplete",
-                                    "midstream_failure", name, attempts_header(self.attempts))
-                        return
+                    if step is Step.CONTINUE:
+                        assert isinstance(outcome, Failed | Rejected)
+                        # A rung that could not continue before sending any of its own
+                        # text (it refused the prefill, or failed) did not break the
+                        # answer: the error to report stays the one of the rung that did.
+                        if segment in self.segments:
+                            broke = (name, outcome)
+                        break
                     if step is Step.STOP:
                         return
                     # DONE
                     counters.inc("answered_by", name)
+                    if segment not in self.segments:
+                        self.segments.append(segment)  # a sync answer, or one without text
+                    answer.seat = name
                     answer.served = frame.served
                     answer.speculation = frame.speculation
                     answer.upstream_model = frame.model
                     answer.fingerprint = frame.fingerprint or answer.fingerprint
                     answer.attempts = attempts_header(self.attempts)
+                    answer.segments = [seg.body() for seg in self.segments]
+                    usage = frame.usage
+                    if answer.continued:  # every rung's own tokens; the last rung's prompt
+                        usage = msgspec.structs.replace(
+                            usage, completion_tokens=sum(seg.tokens for seg in self.segments))
                     log.info("answered", request_id=rid, seat=name, attempts=answer.attempts,
-                             prompt_tokens=frame.usage.prompt_tokens,
-                             completion_tokens=frame.usage.completion_tokens,
+                             segments=len(self.segments),
+                             prompt_tokens=usage.prompt_tokens,
+                             completion_tokens=usage.completion_tokens,
                              ttft_s=round(frame.ttft_s, 4),
                              elapsed_s=round(time.monotonic() - self.started, 4))
-                    yield Done(answer, "".join(texts), frame.finish_reason, frame.usage)
+                    yield Done(answer, "".join(texts), frame.finish_reason, usage)
                     return
+            if not self.committed:
+                self.segments.clear()  # nothing of a failed sync attempt is kept
+        if self.committed:
+            # The answer began and no rung could finish it: an honest end, naming the
+            # rung that broke and listing every try.
+            assert answer is not None and broke is not None
+            seat, outcome = broke
+            counters.inc("midstream_aborts")
+            answer.segments = [seg.body() for seg in self.segments]
+            yield Abort(f"seat {seat} failed after the answer began "
+                        f"({outcome_label(outcome)}) and no rung could finish it; "
+                        "the answer is incomplete",
+                        "midstream_failure", seat, attempts_header(self.attempts),
+                        answer.segments)
+            return
         # Every allowed rung failed or was skipped; nothing was sent.
         end = conclude(self.attempts, self.plan, self.route.model)
         if end.counter is not None:
@@ -188,3 +262,19 @@ class Journey:
         if end.refused_tokens is not None:
             counters.refused(end.refused_tokens)
         raise end.error
+
+    def note(self, answer: Answer, name: str, frame: Chunk) -> None:
+        """The answer's facts from the rung sending now: each chunk names its writer."""
+        answer.seat = name
+        answer.served = frame.served_if_ok
+        answer.speculation = frame.speculation or answer.speculation
+        answer.fingerprint = frame.fingerprint or answer.fingerprint
+
+    def seam(self, broke: tuple[str, Failed | Rejected], name: str) -> None:
+        """A continuing rung sends its first text: counted by the failure that made it
+        necessary and by the pair of rungs."""
+        seat, outcome = broke
+        reason = outcome.reason if isinstance(outcome, Failed) else outcome.code
+        self.proxy.counters.inc("continuations", reason, seat, name)
+        log.info("continued", request_id=self.gen.request_id, broke=seat, reason=reason,
+                 seat=name, sent_chars=sum(len(t) for t in self.sent))

@@ -3,15 +3,25 @@
     plan(route, seats, offbox_allowed) -> rungs          who may be tried, in order
     decide(outcome, phase) -> Step                        what one attempt's end means
     breaker_verdict(outcome) -> Verdict                   what it tells the rung's circuit
+    continued(gen, text, ids, tokens, hosted) -> Generate the request a rung continues from
+    prefix_ids(segments, tokenizer) -> ids | None         the exact tokens, where they fit
     conclude(attempts, plan, route) -> Conclusion         the error when no rung answered
                                                           (proxyd/conclusion.py)
 
-Rules (DESIGN.md): fall back only on real failures and only before the commit
-point; a client error is returned as it is; a private request never reaches an
-off-box rung, which is filtered out before the first attempt.  One rejection is
-not the request's last word: `context_length_exceeded` from a rung whose real
-context is smaller than configured moves to the next rung (`NEXT_RUNG`, with the
-code as the fallback reason), and reaches the client only if no later rung answers.
+Rules (DESIGN.md): fall back only on real failures; a client error is returned as
+it is; a private request never reaches an off-box rung, which is filtered out
+before the first attempt.  One rejection is not the request's last word:
+`context_length_exceeded` from a rung whose real context is smaller than
+configured moves to the next rung (`NEXT_RUNG`, with the code as the fallback
+reason), and reaches the client only if no later rung answers.
+
+After the commit point (the first byte sent) a failure is continued: the next
+allowed rung is given the text already sent as the start of its answer and
+finishes it (`CONTINUE`).  The same filters apply as before commit (privacy,
+caps, circuits), because the continuing rungs are the rest of the same plan.  A
+continuing rung that refuses the request (a 400 on a trailing assistant message,
+a prompt grown past its cap) is passed over the same way: the error the client
+gets, if no rung finishes, is the one of the rung that broke.
 """
 
 from __future__ import annotations
@@ -20,10 +30,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+import msgspec
+
 from shared.caps import Verdict
 from shared.config import RouteConfig, SeatConfig
 from shared.errors import CONTEXT_LENGTH
-from shared.protocol import Cancelled, Failed, Ok, Outcome, Rejected
+from shared.protocol import Cancelled, Failed, Generate, Ok, Outcome, Rejected
 
 
 class Phase(StrEnum):
@@ -35,7 +47,9 @@ class Step(StrEnum):
     DONE = "done"  # answered; finish the response
     RETURN_ERROR = "return_error"  # deterministic client error: to the client, no fallback
     NEXT_RUNG = "next_rung"  # real failure before commit: try the next rung
-    ABORT_STREAM = "abort_stream"  # real failure after commit: terminal error event
+    # a failure after commit: the next allowed rung continues the answer; when none
+    # can, the stream ends with a terminal error event
+    CONTINUE = "continue"
     STOP = "stop"  # cancelled (client gone): nothing more to do
 
 
@@ -83,17 +97,60 @@ def decide(outcome: Outcome, phase: Phase) -> Step:
             # A rung whose real context is smaller than its configured cap (a hosted
             # upstream says so with this code): a later rung may be larger.  If none
             # takes it, the client gets this rejection (`context_refusal`).
-            return Step.NEXT_RUNG if phase is Phase.BEFORE_COMMIT else Step.ABORT_STREAM
+            return Step.NEXT_RUNG if phase is Phase.BEFORE_COMMIT else Step.CONTINUE
         case Rejected():
-            # Deterministic: another rung would refuse it too.  After commit a
-            # rejection cannot happen in our seats, but if it does the stream must
-            # still end honestly.
-            return Step.RETURN_ERROR if phase is Phase.BEFORE_COMMIT else Step.ABORT_STREAM
+            # Deterministic before commit: another rung would refuse it too.  After
+            # commit it is a continuing rung refusing the continuation (its prefill or
+            # its longer prompt), which says nothing about the answer: the next may
+            # take it.
+            return Step.RETURN_ERROR if phase is Phase.BEFORE_COMMIT else Step.CONTINUE
         case Failed():
-            return Step.NEXT_RUNG if phase is Phase.BEFORE_COMMIT else Step.ABORT_STREAM
+            return Step.NEXT_RUNG if phase is Phase.BEFORE_COMMIT else Step.CONTINUE
         case Cancelled():
             return Step.STOP
     raise TypeError(f"not an outcome: {outcome!r}")
+
+
+@dataclass
+class Segment:
+    """One rung's part of an answer: what it sent, and its own served count."""
+
+    seat: str
+    tokens: int = 0  # the rung's own count of what it sent (a hosted rung: events)
+    served: int = 0  # the seat's `served` after this request (from its final frame)
+    outcome: str = ""  # how the rung's attempt ended, as in X-Sanctum-Attempts
+    ids: list[int] | None = None  # the tokens it sent, from a local seat
+    tokenizer: str = ""  # the tokenizer hash of a local seat, "" for a hosted rung
+
+    def body(self) -> dict[str, str | int]:
+        return {"seat": self.seat, "tokens": self.tokens, "served": self.served,
+                "outcome": self.outcome}
+
+
+def prefix_ids(segments: Sequence[Segment], tokenizer: str) -> tuple[int, ...] | None:
+    """The exact tokens of the answer so far, when every segment came from a local seat
+    with this tokenizer and sent its tokens; None: the continuing rung encodes the text."""
+    if not tokenizer or not segments:
+        return None
+    out: list[int] = []
+    for seg in segments:
+        if seg.tokenizer != tokenizer or seg.ids is None or len(seg.ids) < seg.tokens:
+            return None
+        out.extend(seg.ids)
+    return tuple(out)
+
+
+def continued(gen: Generate, text: str, ids: tuple[int, ...] | None, tokens: int,
+              hosted: bool) -> Generate:
+    """The request a rung continues a begun answer from: the same request, with the text
+    already sent as the start of its answer.  A local seat counts the prefix in its
+    budget itself (and takes `ids` when they are known); a hosted rung is asked for what
+    is left of `max_tokens` after the `tokens` already sent."""
+    if hosted:
+        params = msgspec.structs.replace(gen.params,
+                                         max_tokens=max(1, gen.params.max_tokens - tokens))
+        return msgspec.structs.replace(gen, params=params, prefix=text, prefix_ids=None)
+    return msgspec.structs.replace(gen, prefix=text, prefix_ids=ids)
 
 
 def fallback_reason(outcome: Outcome) -> str:
@@ -155,5 +212,11 @@ def outcome_label(outcome: Outcome | Skipped) -> str:
     raise TypeError(outcome)
 
 
-def attempts_header(attempts: Sequence[Attempt]) -> str:
-    return "; ".join(f"{seat}={outcome_label(o)}" for seat, o in attempts)
+def attempts_header(attempts: Sequence[Attempt], streaming: str = "") -> str:
+    """Every attempt as `seat=outcome`; `streaming` names a rung whose attempt has begun
+    an answer and not ended yet (`seat=streaming`): headers leave at the commit point,
+    before anyone can know that attempt will end `ok`."""
+    done = [f"{seat}={outcome_label(o)}" for seat, o in attempts]
+    if streaming:
+        done.append(f"{streaming}=streaming")
+    return "; ".join(done)

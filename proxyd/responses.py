@@ -5,6 +5,8 @@
     door.closing(answer, finish, usage)      finish chunk, usage chunk when asked, [DONE]
     door.body(answer, text, finish, usage)   the whole non-stream JSON body
     door.error_event(message, code, extra)   a terminal SSE error event (no [DONE])
+    door.trailer(answer)                     after [DONE] of a continued stream: an
+                                             `event: sanctum` listing every segment
 
 A door decides nothing: the ladder (proxyd/journey.py) says what happened, the
 door says it in its API's format.  A new API is one more class with these methods.
@@ -40,6 +42,7 @@ class Door(Protocol):
     def closing(self, a: Answer, finish: str | None, usage: Usage) -> bytes: ...
     def body(self, a: Answer, text: str, finish: str | None, usage: Usage) -> bytes: ...
     def error_event(self, message: str, code: str, extra: dict[str, Any]) -> bytes: ...
+    def trailer(self, a: Answer) -> bytes: ...
 
 
 def usage_body(u: Usage) -> dict[str, Any]:
@@ -95,6 +98,11 @@ class _OpenAIDoor:
 
     def error_event(self, message: str, code: str, extra: dict[str, Any]) -> bytes:
         return error_event(message, code, extra)
+
+    def trailer(self, a: Answer) -> bytes:
+        """The `sanctum` object again, as a named event after [DONE]: clients stop at
+        [DONE] (OpenAI's SDK does), so it is read only by who looks for it."""
+        return b"event: sanctum\n" + sse({"sanctum": a.sanctum()})
 
     def finish_choice(self, finish: str | None) -> dict[str, Any]:
         raise NotImplementedError

@@ -62,14 +62,17 @@ def merged(first: Chunk, frames: deque[SeatFrame]) -> Chunk:
     """`first` and the chunks queued right behind it, as one chunk: the text they
     commit together, the counts of the last (a burst becomes one write downstream)."""
     texts = [first.text]
+    ids = list(first.ids)
     last = first
     while frames and type(frames[0]) is Chunk:
         nxt = frames.popleft()
         assert isinstance(nxt, Chunk)
         texts.append(nxt.text)
+        ids.extend(nxt.ids)
         last = nxt
     return Chunk(first.request_id, "".join(texts), last.completion_tokens, last.served_if_ok,
-                 last.speculation or first.speculation, last.fingerprint or first.fingerprint)
+                 last.speculation or first.speculation, last.fingerprint or first.fingerprint,
+                 tuple(ids))
 
 
 class Inbox:
@@ -215,7 +218,8 @@ class SeatClient:
     # -- requests ---------------------------------------------------------
 
     async def frames(self, request: Generate, first_token_s: float, stall_s: float,
-                     gone: Callable[[], bool] = _never) -> AsyncGenerator[Chunk | Final, None]:
+                     gone: Callable[[], bool] = _never,
+                     tries: int | None = None) -> AsyncGenerator[Chunk | Final, None]:
         """Send `request` and yield its chunks and Final; a lost or silent seat yields a
         failed Final, and so does a client that went away (`gone()`, looked at every
         GONE_POLL_S while waiting): `client_disconnected`.
@@ -223,7 +227,8 @@ class SeatClient:
         Three clocks, one at a time: `queue_s` until the seat starts the request (a
         request still waiting then fails `queue_timeout`: the seat is busy, not broken),
         `first_token_s` from its start to the first chunk, `stall_s` between chunks.
-        Leaving the iterator early cancels the request in the seat.
+        Leaving the iterator early cancels the request in the seat.  A local seat is
+        tried once per attempt whatever `tries` says (a hosted rung's retry cap).
         """
         rid = request.request_id
         if not self.ready:

@@ -237,7 +237,7 @@ class Supervisor:
                     self.check_progress(seat, seat.heard_at)
 
     def limits(self, seat: Seat) -> health.Limits:
-        return health.Limits(seat.config.first_token_timeout_s, seat.config.stall_timeout_s)
+        return health.Limits(seat.config.first_token_s, seat.config.stall_s)
 
     def check(self, seat: Seat, now: float) -> None:
         if seat.proc is not None:

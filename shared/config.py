@@ -82,10 +82,12 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # The proxy's own cap for this seat; by default the seat's cap less the margin.
     proxy_max_prompt_tokens: PositiveInt | None = None
     memory_budget_mb: PositiveInt | None = None
-    # both kinds; a local seat's first-token clock starts when it takes the request
-    # off its queue (before that, queue_timeout_s applies)
-    first_token_timeout_s: Positive = 120.0
-    stall_timeout_s: Positive = 30.0
+    # both kinds; unset = the kind's default (`first_token_s`, `stall_s`).  A local
+    # seat's first-token clock starts when it takes the request off its queue (before
+    # that, queue_timeout_s applies); a hosted rung's when the request is sent, so a
+    # silent provider is left within 15 s.
+    first_token_timeout_s: Positive | None = None
+    stall_timeout_s: Positive | None = None
     # hosted (openai) seats
     base_url: str | None = None
     api_key_env: str | None = None
@@ -117,6 +119,28 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # local (mlx) seats: how long a request may wait in that queue; then it is taken
     # back and, like a full queue, counts as busy, never as the seat failing.
     queue_timeout_s: Positive = 120.0
+
+
+    @property
+    def first_token_s(self) -> float:
+        """The first-token budget: as configured, else the kind's default."""
+        if self.first_token_timeout_s is not None:
+            return self.first_token_timeout_s
+        return FIRST_TOKEN_S[self.kind]
+
+    @property
+    def stall_s(self) -> float:
+        """The longest gap between two pieces of text: as configured, else the kind's."""
+        if self.stall_timeout_s is not None:
+            return self.stall_timeout_s
+        return STALL_S[self.kind]
+
+
+# Defaults by seat kind.  A local seat may prefill a long prompt before its first token
+# (65,536 tokens take minutes on a small Mac); a hosted provider that sends nothing for
+# 15 s is failed over, as is one whose stream stops for 15 s.
+FIRST_TOKEN_S: dict[str, float] = {"mlx": 120.0, "openai": 15.0}
+STALL_S: dict[str, float] = {"mlx": 30.0, "openai": 15.0}
 
 
 class RouteConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

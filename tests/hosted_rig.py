@@ -59,16 +59,22 @@ ladder = ["primary", "backup"]
 class HostedRig:
     def __init__(self, primary: list[str] | None = None, backup: list[str] | None = None,
                  cooldown: float = 30.0, first_token: float = 1.0, stall: float = 0.8,
-                 extra_seats: str = "", clock: ManualClock | None = None) -> None:
-        """`clock`: run proxyd in this process on that clock (tests/proxy_thread.py)."""
+                 extra_seats: str = "", clock: ManualClock | None = None,
+                 answer: str | None = None, backup_cap: int = 100000) -> None:
+        """`clock`: run proxyd in this process on that clock (tests/proxy_thread.py).
+        `answer`: both upstreams know this one answer (as two providers of one model), so
+        that an answer one begins the other can finish."""
         self.dir = Path(tempfile.mkdtemp(prefix="hrig-", dir="/tmp"))
         self.port = free_port()
-        self.primary = FakeUpstream(primary, answer="primary says hi", model="primary-v2")
-        self.backup = FakeUpstream(backup, answer="backup answers here", model="backup-v7")
+        self.primary = FakeUpstream(primary, answer=answer or "primary says hi",
+                                    model="primary-v2")
+        self.backup = FakeUpstream(backup, answer=answer or "backup answers here",
+                                   model="backup-v7")
         seats = "".join(
-            SEAT.format(name=n, url=u.url, key_env=KEY_ENV, cap=100000,
+            SEAT.format(name=n, url=u.url, key_env=KEY_ENV, cap=cap,
                         first_token=first_token, stall=stall)
-            for n, u in (("primary", self.primary), ("backup", self.backup)))
+            for n, u, cap in (("primary", self.primary, 100000),
+                              ("backup", self.backup, backup_cap)))
         self.config = self.dir / "c.toml"
         self.config.write_text(CONFIG.format(port=self.port, cooldown=cooldown,
                                              seats=seats + extra_seats))
@@ -140,7 +146,8 @@ def text_of(raw: bytes) -> str:
 
 def sse_data(raw: bytes) -> tuple[list[dict[str, Any]], list[str]]:
     """(the JSON of every `data:` event, the names of non-default events); [DONE] is kept
-    as the string '[DONE]' in the names list."""
+    as the string '[DONE]' in the names list.  A named event's JSON is in the list too
+    (an `error`, or the `sanctum` trailer of a continued stream)."""
     datas: list[dict[str, Any]] = []
     names: list[str] = []
     for block in raw.decode().split("\n\n"):

@@ -1,8 +1,24 @@
 """Config decoding: typed, strict, and errors that name the key."""
 
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
 import pytest
 
-from shared.config import ConfigError, load_config, parse_config, with_port
+from shared.config import (
+    Config,
+    ConfigError,
+    ProxyConfig,
+    RouteConfig,
+    SeatConfig,
+    SeatdConfig,
+    load_config,
+    parse_config,
+    with_port,
+)
 
 GOOD = """
 [proxy]
@@ -86,4 +102,107 @@ def test_example_config_loads() -> None:
 
     example = Path(__file__).parent.parent / "deploy" / "example.toml"
     c = load_config(example)
-    assert c.seat[0].drafter is not None and c.seat[0].kv == "q8"
+    assert c.seat[0].drafter is not None and c.seat[0].kv == "fp16"
+
+
+EXAMPLE = Path(__file__).parent.parent / "deploy" / "example.toml"
+# Options of one seat kind only (the rest apply to both).
+HOSTED_ONLY = {"base_url", "api_key_env", "upstream_model", "offbox", "connect_timeout_s",
+               "total_timeout_s", "max_attempts", "backoff_initial_s", "backoff_max_s",
+               "retry_after_max_s"}
+LOCAL_ONLY = {"model", "drafter", "kv", "compute_dtype", "speculation", "draft_depth",
+              "memory_budget_mb", "prompt_cache_mb", "max_batch", "kv_budget_mb",
+              "max_queued", "queue_timeout_s"}
+# Values the example sets on purpose, not being the default: its hosted rung is off the
+# box, and its route shows the opt-in header.
+CHOSEN = {("seat", "offbox"): True, ("route", "offbox"): "header"}
+
+
+def _sections(text: str) -> list[tuple[str, set[str]]]:
+    """(table, keys named in a comment as `# key = ...`) for each table, in order."""
+    out: list[tuple[str, set[str]]] = []
+    for line in text.splitlines():
+        head = re.match(r"^\[\[?(\w+)\]\]?", line)
+        if head:
+            out.append((head.group(1), set()))
+            continue
+        named = re.match(r"^#\s*(\w+)\s*=", line)
+        if named and out:
+            out[-1][1].add(named.group(1))
+    return out
+
+
+def _defaults(kind: type[msgspec.Struct]) -> dict[str, Any]:
+    """Every field that has a default, with it."""
+    info = msgspec.inspect.type_info(kind)
+    assert isinstance(info, msgspec.inspect.StructType)
+    return {f.name: f.default for f in info.fields
+            if f.default is not msgspec.inspect.NODEFAULT}
+
+
+def test_example_states_every_default_exactly() -> None:
+    """deploy/example.toml names every option that has a default, in the table it belongs
+    to (a seat's in a seat of a kind it applies to), and every value it states is the
+    code's default (a seat's timeouts: its kind's); an option whose default is unset
+    appears as a commented line.  So the example cannot drift from the code."""
+    text = EXAMPLE.read_text()
+    raw = tomllib.loads(text)
+    load_config(EXAMPLE)
+    comments = _sections(text)
+    named: dict[str, set[str]] = {}
+    seat_i = route_i = 0
+    for table, commented in comments:
+        if table == "seat":
+            seat = raw["seat"][seat_i]
+            kind = seat.get("kind", "mlx")
+            named.setdefault(f"seat:{kind}", set()).update(seat, commented)
+            for key, value in seat.items():
+                default = _defaults(SeatConfig).get(key)
+                if key in ("first_token_timeout_s", "stall_timeout_s"):
+                    default = _kind_default(kind, key)
+                if key == "kind" or default is None or CHOSEN.get(("seat", key)) == value:
+                    continue  # the kind picks the defaults; None: no default to state
+                assert value == default, f"seat {seat['name']}.{key} = {value!r}, code {default!r}"
+            seat_i += 1
+        elif table == "route":
+            route = raw["route"][route_i]
+            named.setdefault("route", set()).update(route, commented)
+            for key, value in route.items():
+                default = _defaults(RouteConfig).get(key)
+                if default is None or CHOSEN.get(("route", key)) == value:
+                    continue
+                assert value == default, f"route.{key} = {value!r}, code {default!r}"
+            route_i += 1
+        else:
+            named.setdefault(table, set()).update(raw[table], commented)
+            struct = {"proxy": ProxyConfig, "seatd": SeatdConfig}[table]
+            for key, value in raw[table].items():
+                default = _defaults(struct)[key]
+                assert value == default, f"{table}.{key} = {value!r}, code {default!r}"
+    for table, struct in (("proxy", ProxyConfig), ("seatd", SeatdConfig),
+                          ("route", RouteConfig)):
+        missing = set(_defaults(struct)) - named[table]
+        assert not missing, f"[{table}] does not name {sorted(missing)}"
+    seat_fields = set(_defaults(SeatConfig))
+    for kind, only_other in (("mlx", HOSTED_ONLY), ("openai", LOCAL_ONLY)):
+        missing = seat_fields - only_other - named[f"seat:{kind}"] - {"kind"}
+        assert not missing, f"no {kind} seat names {sorted(missing)}"
+    assert set(_defaults(Config)) - {"base_dir"} == {"proxy", "seatd"}
+
+
+def _kind_default(kind: str, key: str) -> float:
+    """A seat timeout's default for its kind, read through the config itself."""
+    seat = SeatConfig(name="x", kind=kind, model="m" if kind == "mlx" else None)  # type: ignore[arg-type]
+    return seat.first_token_s if key == "first_token_timeout_s" else seat.stall_s
+
+
+@pytest.mark.parametrize(("kind", "first_token", "stall"), [("mlx", 120.0, 30.0),
+                                                           ("openai", 15.0, 15.0)])
+def test_seat_timeouts_default_by_kind(kind: str, first_token: float, stall: float) -> None:
+    """A hosted rung fails over a silent or stalled provider within 15 s; a local seat
+    gives a long prompt's prefill two minutes.  A configured value wins either way."""
+    seat = SeatConfig(name="x", kind=kind)  # type: ignore[arg-type]
+    assert (seat.first_token_s, seat.stall_s) == (first_token, stall)
+    set_ = SeatConfig(name="x", kind=kind, first_token_timeout_s=3.0,  # type: ignore[arg-type]
+                      stall_timeout_s=2.0)
+    assert (set_.first_token_s, set_.stall_s) == (3.0, 2.0)

@@ -217,38 +217,48 @@ def test_slow_first_token_falls_back_without_retry(make_rig: MakeRig) -> None:
 
 
 def test_stream_cut_mid_answer_is_never_complete(make_rig: MakeRig) -> None:
-    """Cut after two words: streamed, an error event and no [DONE]; non-stream, the backup."""
-    rig = make_rig(primary=["cut:2"])
+    """Cut after two words with no rung able to continue (the backup answers 503):
+    streamed, an error event naming the cut and no [DONE]; non-stream, nothing was sent,
+    so the request falls back from the start (tests/test_hosted_continuation.py has the
+    continued answers)."""
+    rig = make_rig(primary=["cut:2"], backup=["status:503"])
     code, headers, raw = rig.chat(stream=True)
     datas, names = sse_data(raw)
     assert code == 200 and headers["X-Sanctum-Seat"] == "primary"
+    assert headers["X-Sanctum-Attempts"] == "primary=streaming"
     assert streamed_text(datas) == "primary says "
     assert names == ["error"] and "[DONE]" not in names
     err = datas[-1]["error"]
     assert err["code"] == "midstream_failure" and "stream_cut" in err["message"]
+    assert err["seat"] == "primary"
+    assert err["attempts"] == "primary=failed:stream_cut; " + "backup=failed:upstream_503; " * 2 \
+        + "backup=failed:upstream_503"
     assert not any(c.get("finish_reason") for d in datas for c in d.get("choices", []))
-    assert rig.tries() == (1, 0)
+    assert rig.tries() == (1, 3)
+    rig.backup.set_script(["ok"])
     code, headers, raw = rig.chat()
     assert code == 200 and text_of(raw) == BACKUP
     assert headers["X-Sanctum-Attempts"] == "primary=failed:stream_cut; backup=ok"
-    assert rig.tries() == (2, 1)
+    assert rig.tries() == (2, 4)
     c = rig.counters()["proxy"]
     assert c["midstream_aborts"] == 1 and c["answered_by"] == {"backup": 1}
     still_serves(rig)
 
 
 def test_stream_stall_ends_with_error_event(make_rig: MakeRig) -> None:
-    """Two words then silence: after the 0.8 s stall timeout, an error event, no [DONE]."""
-    rig = make_rig(primary=["stall:2"])
+    """Two words then silence, on a ladder that cannot continue (the backup's key is
+    wrong): after the 0.8 s stall timeout, an error event, no [DONE]."""
+    rig = make_rig(primary=["stall:2"], backup=["status:401"])
     code, headers, raw = rig.chat(stream=True)
     datas, names = sse_data(raw)
     assert code == 200 and streamed_text(datas) == "primary says "
     assert names == ["error"] and "stall_timeout" in datas[-1]["error"]["message"]
-    assert rig.tries() == (1, 0)
+    assert rig.tries() == (1, 1)
+    rig.backup.set_script(["ok"])
     code, headers, raw = rig.chat()
     assert code == 200 and text_of(raw) == BACKUP
     assert headers["X-Sanctum-Attempts"] == "primary=failed:stall_timeout; backup=ok"
-    assert rig.tries() == (2, 1)
+    assert rig.tries() == (2, 2)
     still_serves(rig)
 
 
@@ -258,21 +268,23 @@ def test_malformed_chunk_before_commit_falls_back(make_rig: MakeRig) -> None:
     code, headers, raw = rig.chat(stream=True)
     datas, names = sse_data(raw)
     assert code == 200 and headers["X-Sanctum-Seat"] == "backup"
-    assert headers["X-Sanctum-Attempts"] == "primary=failed:malformed_stream; backup=ok"
+    assert headers["X-Sanctum-Attempts"] == "primary=failed:malformed_stream; backup=streaming"
+    assert datas[-1]["sanctum"]["attempts"] == "primary=failed:malformed_stream; backup=ok"
     assert streamed_text(datas) == BACKUP and names == ["[DONE]"]
     assert rig.tries() == (1, 1)
     still_serves(rig)
 
 
 def test_malformed_chunk_after_commit_is_a_terminal_error(make_rig: MakeRig) -> None:
-    """An event that is not JSON after text was sent: an error event, never a short answer."""
-    rig = make_rig(primary=["malformed:2"])
+    """An event that is not JSON after text was sent, and no rung to continue: an error
+    event, never a short answer."""
+    rig = make_rig(primary=["malformed:2"], backup=["status:404"])
     code, headers, raw = rig.chat(stream=True)
     datas, names = sse_data(raw)
     assert code == 200 and headers["X-Sanctum-Seat"] == "primary"
     assert streamed_text(datas) == "primary says "
     assert names == ["error"] and "malformed_stream" in datas[-1]["error"]["message"]
-    assert rig.tries() == (1, 0)
+    assert rig.tries() == (1, 1)
     still_serves(rig)
 
 

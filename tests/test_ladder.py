@@ -6,17 +6,28 @@ import pytest
 
 from proxyd.ladder import (
     Phase,
+    Segment,
     Skipped,
     Step,
     attempts_header,
     context_refusal,
+    continued,
     decide,
     fallback_reason,
     offbox_allowed,
     plan,
+    prefix_ids,
 )
 from shared.config import RouteConfig, SeatConfig
-from shared.protocol import Cancelled, Failed, Ok, Rejected
+from shared.protocol import (
+    Cancelled,
+    ChatMessage,
+    Failed,
+    Generate,
+    Ok,
+    Rejected,
+    SamplingParams,
+)
 
 OUTCOMES = {
     "ok": Ok(),
@@ -42,18 +53,20 @@ EXPECTED = {
 for name in OUTCOMES:
     if name.startswith("rejected"):
         EXPECTED[(name, Phase.BEFORE_COMMIT)] = Step.RETURN_ERROR
-        EXPECTED[(name, Phase.AFTER_COMMIT)] = Step.ABORT_STREAM
+        # After commit a rejection is a continuing rung refusing the continuation.
+        EXPECTED[(name, Phase.AFTER_COMMIT)] = Step.CONTINUE
     if name.startswith("failed"):
         EXPECTED[(name, Phase.BEFORE_COMMIT)] = Step.NEXT_RUNG
-        EXPECTED[(name, Phase.AFTER_COMMIT)] = Step.ABORT_STREAM
+        EXPECTED[(name, Phase.AFTER_COMMIT)] = Step.CONTINUE
 # A context-length rejection may fit a later, larger rung.
 EXPECTED[("context_length", Phase.BEFORE_COMMIT)] = Step.NEXT_RUNG
-EXPECTED[("context_length", Phase.AFTER_COMMIT)] = Step.ABORT_STREAM
+EXPECTED[("context_length", Phase.AFTER_COMMIT)] = Step.CONTINUE
 
 
 @pytest.mark.parametrize(("name", "phase"), list(itertools.product(OUTCOMES, Phase)))
 def test_decide_covers_every_outcome_and_phase(name: str, phase: Phase) -> None:
-    """Fallback only on a real failure before commit; client errors go back as they are."""
+    """Fallback on a real failure before commit, continuation after it; client errors
+    before commit go back as they are."""
     assert decide(OUTCOMES[name], phase) is EXPECTED[(name, phase)]
 
 
@@ -115,3 +128,39 @@ def test_attempts_header() -> None:
     header = attempts_header([("brain", Failed("worker_lost")), ("small", Skipped("over_cap")),
                               ("coder", Ok())])
     assert header == "brain=failed:worker_lost; small=skipped:over_cap; coder=ok"
+    # At the commit point the answering attempt has not ended: never `ok` yet.
+    assert attempts_header([("brain", Failed("worker_lost"))], streaming="coder") \
+        == "brain=failed:worker_lost; coder=streaming"
+
+
+GEN = Generate("r1", True, SamplingParams(max_tokens=60, seed=7),
+               messages=(ChatMessage("user", "hi"),))
+
+
+@pytest.mark.parametrize(("hosted", "ids", "max_tokens", "want_ids"), [
+    (True, (1, 2, 3), 20, None),       # a hosted rung: text only, what is left of the budget
+    (False, (1, 2, 3), 60, (1, 2, 3)),  # a local seat: its budget counts the prefix itself
+    (False, None, 60, None),           # tokens unknown: the seat encodes the text
+])
+def test_continued_request(hosted: bool, ids: tuple[int, ...] | None, max_tokens: int,
+                           want_ids: tuple[int, ...] | None) -> None:
+    """A continuing rung gets the same request with the text sent as its answer's start."""
+    got = continued(GEN, "w0 w1 ", ids, 40, hosted)
+    assert (got.prefix, got.prefix_ids, got.params.max_tokens) == ("w0 w1 ", want_ids, max_tokens)
+    assert (got.messages, got.params.seed, got.request_id) == (GEN.messages, 7, "r1")
+    assert continued(GEN, "x", None, 75, True).params.max_tokens == 1  # never 0 or less
+
+
+@pytest.mark.parametrize(("segments", "tokenizer", "want"), [
+    ([Segment("a", 2, ids=[5, 6], tokenizer="T")], "T", (5, 6)),
+    ([Segment("a", 2, ids=[5, 6], tokenizer="T"), Segment("b", 1, ids=[7], tokenizer="T")],
+     "T", (5, 6, 7)),
+    ([Segment("a", 2, ids=[5, 6], tokenizer="T")], "U", None),      # another tokenizer
+    ([Segment("h", 2, ids=None, tokenizer="")], "T", None),         # a hosted segment
+    ([Segment("a", 3, ids=[5, 6], tokenizer="T")], "T", None),      # tokens missing
+    ([Segment("a", 2, ids=[5, 6], tokenizer="T")], "", None),       # a hosted rung next
+])
+def test_prefix_ids_only_where_every_token_is_known(segments: list[Segment], tokenizer: str,
+                                                    want: tuple[int, ...] | None) -> None:
+    """Exact tokens pass on only between seats of one tokenizer that sent them all."""
+    assert prefix_ids(segments, tokenizer) == want

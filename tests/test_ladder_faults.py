@@ -69,20 +69,68 @@ def test_crash_before_first_token_stream_names_fallback(make_rig) -> None:
         == "t1 t2 t3 t4 t5 t6 t7 t8"
 
 
-def test_crash_midstream_ends_stream_with_error_event(make_rig) -> None:
-    """After commit a failure is a terminal error event with no [DONE], never a short answer."""
+def sse_json(body: bytes) -> tuple[str, list[dict[str, object]]]:
+    """(the streamed text, the JSON of every event) of an SSE body."""
+    datas = [json.loads(e.split("data: ", 1)[1]) for e in sse_events(body)
+             if "data: {" in e]
+    text = "".join(c["delta"].get("content") or "" for d in datas  # type: ignore[index]
+                   for c in d.get("choices", []))  # type: ignore[attr-defined]
+    return text, datas
+
+
+def test_crash_midstream_is_continued_by_the_next_local_seat(make_rig) -> None:
+    """A worker killed after three tokens: the next local rung is given "t1 t2 t3 " and
+    goes on from t4; the client reads one complete answer and [DONE], and the private
+    request never reached the hosted rung."""
     rig = make_rig(modes={"brain": "crash_midstream", "coder": "ok"})
+    code, headers, body = chat(rig, stream=True)
+    text, datas = sse_json(body)
+    assert code == 200 and headers["X-Sanctum-Seat"] == "brain"
+    assert headers["X-Sanctum-Attempts"] == "brain=streaming"
+    assert text == "t1 t2 t3 t4 t5 t6 t7 t8 "
+    assert b"data: [DONE]" in body and sse_events(body)[-1].startswith("event: sanctum")
+    sanctum = datas[-1]["sanctum"]
+    assert sanctum["attempts"] == "brain=failed:worker_lost; coder=ok"  # type: ignore[index]
+    assert sanctum["segments"] == [  # type: ignore[index]
+        {"seat": "brain", "tokens": 3, "served": 0, "outcome": "failed:worker_lost"},
+        {"seat": "coder", "tokens": 5, "served": 1, "outcome": "ok"}]
+    [generate] = rig.events("coder", "generate")
+    assert generate["prefix"] == "t1 t2 t3 "
+    assert rig.upstream.requests == []
+    c = rig.counters()["proxy"]
+    assert c["continuations"] == {"by_reason": {"worker_lost": 1}, "by_pair": {"brain>coder": 1}}
+    assert c["midstream_aborts"] == 0
+
+
+def test_a_private_stream_never_continues_off_the_box(make_rig) -> None:
+    """Both local seats die with the answer begun (the second as soon as it is asked to
+    continue): a private request ends with an error event naming the seat that broke and
+    no [DONE], and the hosted rung saw nothing; on a route that allows off-box use the
+    same faults are continued by the hosted rung, asked with the text sent as a trailing
+    assistant message."""
+    rig = make_rig(modes={"brain": "crash_midstream", "coder": "crash_midstream"})
     code, headers, body = chat(rig, stream=True)
     events = sse_events(body)
     assert code == 200 and headers["X-Sanctum-Seat"] == "brain"
-    assert events[-1].startswith("event: error")
-    assert "data: [DONE]" not in body.decode()
+    assert events[-1].startswith("event: error") and "data: [DONE]" not in body.decode()
     err = json.loads(events[-1].split("data: ", 1)[1])["error"]
-    assert err["code"] == "midstream_failure" and "worker_lost" in err["message"]
+    assert err["code"] == "midstream_failure" and err["seat"] == "brain"
+    assert "worker_lost" in err["message"]
+    assert err["attempts"] == "brain=failed:worker_lost; coder=failed:worker_lost"
+    assert rig.upstream.requests == []
     assert rig.counters()["proxy"]["midstream_aborts"] == 1
+    rig.start_fake("brain", "crash_midstream")
+    rig.start_fake("coder", "crash_midstream")
+    code, headers, body = chat(rig, model="open", stream=True)
+    text, datas = sse_json(body)
+    assert text == "t1 t2 t3 hosted says hi " and b"data: [DONE]" in body
+    [asked] = rig.upstream.requests
+    assert asked["messages"][-1] == {"role": "assistant", "content": "t1 t2 t3 "}
+    assert datas[-1]["sanctum"]["attempts"] == (  # type: ignore[index]
+        "brain=failed:worker_lost; coder=failed:worker_lost; hosted=ok")
     with pytest.raises(openai.APIError):
         rig.start_fake("brain", "crash_midstream")
-        rig.wait_health(lambda h: h["seats"]["brain"]["ready"])
+        rig.start_fake("coder", "crash_midstream")
         list(client(rig).chat.completions.create(model="private", messages=MSG, stream=True))
 
 
@@ -154,13 +202,15 @@ def test_every_rung_queued_too_long_is_503_overloaded(make_rig) -> None:
 
 
 def test_stall_after_first_token(make_rig) -> None:
-    """A stalled stream: stream ends with an error event; non-stream falls back."""
+    """A stalled stream is continued by the next rung; non-stream falls back from the start."""
     rig = make_rig(modes={"brain": "stall", "coder": "ok"})
     code, _, body = chat(rig, stream=True)
-    assert code == 200
-    assert sse_events(body)[-1].startswith("event: error") and b"stall_timeout" in body
+    text, datas = sse_json(body)
+    assert code == 200 and text == "t1 t2 t3 t4 t5 t6 t7 t8 "
+    assert datas[-1]["sanctum"]["attempts"] == "brain=failed:stall_timeout; coder=ok"  # type: ignore[index]
     code, headers, body = chat(rig)
     assert code == 200 and json.loads(body)["model"] == "coder"
+    assert json.loads(body)["choices"][0]["message"]["content"] == "t1 t2 t3 t4 t5 t6 t7 t8 "
     assert headers["X-Sanctum-Attempts"] == "brain=failed:stall_timeout; coder=ok"
     assert rig.events("brain", "cancel"), "the stalled attempt was not cancelled"
 

@@ -18,7 +18,9 @@ faults a real model cannot be made to produce on demand:
     internal_error     Final(Failed internal_error)
     slow               one chunk every 50 ms until cancelled or `--tokens` reached
 
-Every request, cancel and token is appended to the JSONL log for the test to read.
+A request that continues an answer (`Generate.prefix`, "t1 t2 t3 ") goes on from
+the next token ("t4 "), as a seat with the same weights would.  Every request,
+cancel and token is appended to the JSONL log for the test to read.
 It builds on the seat side of the protocol (shared/seat_side.py), as the null seat does.
 """
 
@@ -84,7 +86,7 @@ class FakeSeat:
 
     def generate(self, identity: bytes, msg: Generate) -> None:
         rid, mode = msg.request_id, self.mode
-        self.note(event="generate", request_id=rid, stream=msg.stream)
+        self.note(event="generate", request_id=rid, stream=msg.stream, prefix=msg.prefix)
         if mode not in ("not_ready", "crash_before_first", "hang", "queued"):
             self.send(identity, Started(rid))
         if mode == "not_ready":
@@ -107,7 +109,7 @@ class FakeSeat:
         elif mode in ("silent", "queued"):
             pass  # started (silent) or never started (queued); never answered
         else:
-            self.active[rid] = (identity, 0, msg)
+            self.active[rid] = (identity, len((msg.prefix or "").split()), msg)
 
     def finish(self, identity: bytes, rid: str, n: int) -> None:
         self.served += 1
@@ -131,11 +133,12 @@ class FakeSeat:
             if self.mode == "crash_midstream" and n >= 3:
                 os.kill(os.getpid(), signal.SIGKILL)
             n += 1
-            self.send(identity, Chunk(rid, f"t{n} ", n, self.served + 1))
+            begun = len((req.prefix or "").split())
+            self.send(identity, Chunk(rid, f"t{n} ", n - begun, self.served + 1))
             self.active[rid] = (identity, n, req)
             if n >= self.tokens:
                 self.active.pop(rid)
-                self.finish(identity, rid, n)
+                self.finish(identity, rid, n - begun)
         return max(0.0, self.next_tick - time.monotonic())
 
 

@@ -11,14 +11,22 @@ the last entry repeats).  Actions:
     status:N:echo_key           the error message repeats the Authorization header
     reset                       the connection is reset (RST) before any byte
     silent                      the request is read and never answered
+    silent_close:S              the request is read, then S seconds of silence, then
+                                the connection is closed (no status line, no byte)
+    refuse_prefill              a 400 to a request ending with an assistant message (as
+                                providers that take no assistant prefill answer), else ok
     slow_first:S                headers at once, the first token after S seconds
     cut:K                       K words, then the connection closes mid-stream
     stall:K                     K words, then nothing more (connection held open)
     malformed:K                 K words, then an event whose data is not JSON
     json                        an upstream that ignores stream: true (one JSON body)
 
-`requests`, `headers` and `actions` list, per request, the body, the headers
-and the action taken.  Handlers that hang end when the server stops.
+A request that continues an answer (chat: a trailing assistant message;
+completions: a prompt ending with a start of the answer) gets the rest of the
+answer after that start, as one model asked to go on would: `answer` split at
+its spaces is the list of words, and an answer cut after K words continues at
+word K.  `requests`, `headers` and `actions` list, per request, the body, the
+headers and the action taken.  Handlers that hang end when the server stops.
 """
 
 from __future__ import annotations
@@ -124,13 +132,22 @@ class FakeUpstream:
         if name == "silent":
             await self._hold()
             raise ConnectionResetError("the fake was stopped")
+        if name == "silent_close":
+            await self._hold(float(arg))
+            request.transport.close()  # type: ignore[union-attr]
+            raise ConnectionResetError("closed by the fake")
+        if name == "refuse_prefill":
+            if chat and body["messages"][-1]["role"] == "assistant":
+                return self._status("400:invalid_request_error", request,
+                                    "the final message must have role user")
+            name = "ok"
         if name == "json":
             return web.json_response(self._whole(chat))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if name == "slow_first":
             await self._hold(float(arg))
-        words = self.words
+        words = self.words[self._begun(body, chat):]
         k = int(arg) if name in ("cut", "stall", "malformed") else len(words)
         for word in words[:k]:
             await resp.write(self._event(chat, word + " "))
@@ -157,10 +174,25 @@ class FakeUpstream:
         await resp.write_eof()
         return resp
 
-    def _status(self, arg: str, request: web.Request) -> web.Response:
+    def _begun(self, body: dict[str, Any], chat: bool) -> int:
+        """How many words of the answer the request already holds (0 for a new one)."""
+        if chat:
+            last = body["messages"][-1]
+            held = last["content"] if last["role"] == "assistant" else ""
+        else:
+            held = body.get("prompt") or ""
+        words = self.words
+        for k in range(len(words), 0, -1):
+            start = "".join(w + " " for w in words[:k])
+            if (held == start) if chat else held.endswith(start):
+                return k
+        return 0
+
+    def _status(self, arg: str, request: web.Request, message: str = "") -> web.Response:
         parts = arg.split(":")
         status = int(parts[0])
-        code, message, headers = f"fake_{status}", f"fake {status}", {}
+        code, headers = f"fake_{status}", {}
+        message = message or f"fake {status}"
         for part in parts[1:]:
             if part.startswith("retry_after="):
                 headers["Retry-After"] = part.split("=", 1)[1]
