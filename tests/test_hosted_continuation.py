@@ -13,6 +13,7 @@ upstream saw, and what a continuing rung was asked.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 
 from shared.clock import ManualClock
 from tests.hosted_rig import KEY, MSG, HostedRig, sse_data, streamed_text, text_of
+from tests.procs import http
 
 WORDS = [f"w{i}" for i in range(60)]
 ANSWER = " ".join(WORDS)
@@ -144,6 +146,24 @@ def test_the_openai_client_reads_a_continued_stream_as_one_answer(make_rig: Make
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_a_completion_is_continued_with_the_sent_text_as_the_prompts_tail(
+        make_rig: MakeRig) -> None:
+    """/v1/completions: the backup is asked with the prompt followed by the 30 words sent,
+    and the client's text is the whole answer; /metrics counts the continuation."""
+    rig = make_rig(primary=["cut:30"])
+    code, _, raw = http("POST", rig.url + "/v1/completions",
+                        body={"model": "m", "prompt": "Q: ", "stream": True,
+                              "max_tokens": 100})
+    datas, names = sse_data(raw)
+    assert code == 200 and names == ["[DONE]", "sanctum"]
+    assert "".join(c.get("text") or "" for d in datas for c in d.get("choices", [])) == WHOLE
+    asked = rig.backup.requests[0]
+    assert asked["prompt"] == "Q: " + words(30) and asked["max_tokens"] == 70
+    metrics = http("GET", rig.url + "/metrics")[2].decode()
+    assert ('sanctum_proxy_continuations_total{from_seat="primary",reason="stream_cut",'
+            'to_seat="backup"} 1.0') in metrics
+
+
 def test_a_continuation_that_breaks_too_ends_with_its_error(make_rig: MakeRig) -> None:
     """The backup breaks as well, after 10 of the 40 words left: no rung is left, so the
     stream ends with an error event naming the backup's failure and no [DONE]; both
@@ -195,6 +215,64 @@ def test_a_continuation_is_admitted_again_with_its_longer_prompt(make_rig: MakeR
     rig.primary.set_script(["status:401"])
     code, _, raw = rig.chat()
     assert code == 200 and text_of(raw) == WHOLE and rig.tries() == (2, 1)
+
+
+# -- every fault class, one table ---------------------------------------------------------
+
+P3 = "primary=failed:upstream_503; " * 3
+FAULTS = [
+    # primary's script, the seats of the answer's segments, its attempts, tries
+    (["status:429:retry_after=1", "ok"], ["primary"],
+     "primary=failed:upstream_429; primary=ok", (2, 0)),
+    (["status:429", "ok"], ["primary"], "primary=failed:upstream_429; primary=ok", (2, 0)),
+    (["status:500", "ok"], ["primary"], "primary=failed:upstream_500; primary=ok", (2, 0)),
+    (["status:503"], ["backup"], P3 + "backup=ok", (3, 1)),
+    (["reset", "ok"], ["primary"], "primary=failed:connection_reset; primary=ok", (2, 0)),
+    (["silent_close:0.7"], ["backup"], "primary=failed:silent_close; backup=ok", (1, 1)),
+    (["silent"], ["backup"], "primary=failed:first_token_timeout; backup=ok", (1, 1)),
+    (["slow_first:20"], ["backup"], "primary=failed:first_token_timeout; backup=ok", (1, 1)),
+    (["no_done"], ["primary"], "primary=ok", (1, 0)),
+    (["status:400:context_length_exceeded"], ["backup"], "primary=rejected:400; backup=ok",
+     (1, 1)),
+    (["cut:40"], ["primary", "backup"], "primary=failed:stream_cut; backup=ok", (1, 1)),
+    (["stall:20"], ["primary", "backup"], "primary=failed:stall_timeout; backup=ok", (1, 1)),
+    (["malformed:20"], ["primary", "backup"], "primary=failed:malformed_stream; backup=ok",
+     (1, 1)),
+]
+
+
+@pytest.mark.parametrize(("script", "seats", "attempts", "tries"), FAULTS,
+                         ids=[f[0][0] for f in FAULTS])
+def test_every_fault_class_ends_as_a_complete_answer(make_rig: MakeRig, script: list[str],
+                                                     seats: list[str], attempts: str,
+                                                     tries: tuple[int, int]) -> None:
+    """Each upstream fault, streamed: the client gets the whole answer and [DONE], the
+    attempts and segments are listed, each upstream saw a bounded number of tries, and
+    no silent rung was waited on twice (the request took less than two first-token
+    budgets of 1 s beyond a Retry-After it honoured)."""
+    rig = make_rig(primary=script)
+    started = time.monotonic()
+    headers, datas, names = stream(rig)
+    elapsed = time.monotonic() - started
+    assert streamed_text(datas) == WHOLE and finish_reasons(datas) == ["stop"]
+    assert names == (["[DONE]", "sanctum"] if len(seats) > 1 else ["[DONE]"])
+    sanctum = next(d for d in reversed(datas) if "choices" in d)["sanctum"]
+    assert sanctum["attempts"] == attempts
+    assert [seg["seat"] for seg in sanctum["segments"]] == seats
+    assert sum(seg["tokens"] for seg in sanctum["segments"]) == 60
+    assert headers["X-Sanctum-Attempts"].endswith(f"{seats[0]}=streaming")
+    assert rig.tries() == tries
+    assert elapsed < 2.0 + (1.0 if "retry_after=1" in script[0] else 0.0), elapsed
+
+
+def test_a_content_filter_400_is_the_clients_answer(make_rig: MakeRig) -> None:
+    """A content-policy refusal is returned as it is, with its reason and the attempt;
+    no retry, no other rung."""
+    rig = make_rig(primary=["status:400:content_policy_violation"])
+    code, _, raw = rig.chat(stream=True)
+    err = json.loads(raw)["error"]
+    assert code == 400 and err["code"] == "content_policy_violation"
+    assert err["attempts"] == "primary=rejected:400" and rig.tries() == (1, 0)
 
 
 # -- fault classes before any byte -----------------------------------------------------
