@@ -7,8 +7,9 @@ Only transient faults are retried on the same rung: a connection reset before
 any byte of the response, and HTTP 429, 500, 502, 503, 504.  Everything else
 ends the rung's attempt at once: a deterministic upstream error is answered as
 it is (or moves on, for a context-length rejection, which the ladder decides),
-and a silent upstream that already used its first-token timeout is never asked
-again, because waiting for it twice is the hang a gateway must not have.
+and a silent upstream that already used its first-token timeout, or that held
+the request silent and then closed (`silent_close`), is never asked again,
+because waiting for it twice is the hang a gateway must not have.
 
 `Retry-After` is honoured when it fits: when it is no longer than the policy's
 `retry_after_max_s` and shorter than what is left of the request's deadline.

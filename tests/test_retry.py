@@ -38,6 +38,7 @@ TABLE = [
     # a back-off that does not fit the deadline moves on too
     ("upstream_500", 1, None, 0.2, 0.0, GiveUp("no_time_left")),
     # deterministic and silent faults are never retried
+    ("silent_close", 1, None, 60.0, 0.0, GiveUp("not_transient")),  # silent, then closed
     ("first_token_timeout", 1, None, 60.0, 0.0, GiveUp("not_transient")),
     ("stall_timeout", 1, None, 60.0, 0.0, GiveUp("not_transient")),
     ("stream_cut", 1, None, 60.0, 0.0, GiveUp("not_transient")),
