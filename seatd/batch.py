@@ -49,9 +49,11 @@ from seatd.decode import (
     Speculation,
     make_cache,
 )
+from seatd.drafters import ModelDrafter
 from seatd.kv_budget import KVBudget
 from seatd.prefill_rows import PrefillCost, stack, stackable, take
 from seatd.rows_cache import SLACK, OneRow, RowsCache, lane_cache
+from seatd.rows_drafter import Ask, RowsDrafter
 from seatd.sampling import Draws, Keyed, draws_for
 from seatd.verify import draft_probs, verify_greedy, verify_sampled
 from shared.protocol import Generate, SamplingParams
@@ -150,6 +152,8 @@ class Lane:
     cache: RowsCache | OneRow
     rows: list[Row] = field(default_factory=list)
     step_s: float | None = None  # its steps' wall time, plain or verify: moving average
+    drafter: RowsDrafter | None = None  # its rows' model drafters, drafting together
+    drafter_off: bool = False  # their drafter model cannot batch, or the batch failed
 
 
 class Engine:
@@ -491,8 +495,39 @@ class Engine:
 
     # -- decode -----------------------------------------------------------------
 
+    def _draft_rows(self, lane: Lane) -> None:
+        """Rows whose model drafter has the prompt draft together from now on (a lane
+        that cannot batch, or a solo row's, drafts alone, as a request alone does)."""
+        if lane.drafter_off or lane.cache.capacity is not None or any(r.solo for r in lane.rows):
+            return
+        ready: list[tuple[Row, ModelDrafter]] = []
+        for row in lane.rows:
+            spec = row.work.spec
+            drafter = spec.drafter if spec is not None else None
+            # Exactly ModelDrafter: a subclass may draft its own way.
+            if row.speculating and row.drafter_in and isinstance(drafter, ModelDrafter) \
+                    and type(drafter) is ModelDrafter:
+                ready.append((row, drafter))
+        if lane.drafter is None and len(ready) < 2:
+            return  # a row drafting alone keeps its own drafter, as a request alone
+        for row, drafter in ready:
+            if lane.drafter is None:
+                lane.drafter = RowsDrafter.for_model(drafter.model)
+                if lane.drafter is None:
+                    lane.drafter_off = True
+                    return
+            if row.rid not in lane.drafter and lane.drafter.model is drafter.model:
+                lane.drafter.join(row.rid, drafter)
+
+    def _drafters_keep(self, lane: Lane) -> None:
+        if lane.drafter is not None:
+            lane.drafter.keep([r.rid for r in lane.rows if r.speculating])
+            if not lane.drafter.members:
+                lane.drafter = None
+
     def _decode(self, lane: Lane) -> None:
         B = len(lane.rows)
+        self._draft_rows(lane)
         with self.lock:
             self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
         wants = [self._wanted(r) for r in lane.rows]
@@ -514,6 +549,7 @@ class Engine:
                 self._finish(row, exc)
             lane.rows = []
             lane.cache.drop([])
+            lane.drafter = None
             return
         elapsed = time.perf_counter() - started
         self.costs.observe(B, max(depths) + 1 if any(depths) else 1, elapsed)
@@ -617,12 +653,14 @@ class Engine:
             for b, token in zip(unread, values, strict=True):
                 rows[b].unread = False
                 self._take(rows[b], [token])
+        together = self._propose_together(lane, depths)
         drafts: list[Any] = []
         for b, r in enumerate(rows):
             k = depths[b] if not r.answer.done else 0
-            draft = None
+            draft = together.get(r.rid)
             spec = r.work.spec
-            if k > 0 and spec is not None and spec.drafter is not None:
+            if draft is None and k > 0 and spec is not None and spec.drafter is not None \
+                    and (lane.drafter is None or r.rid not in lane.drafter):
                 try:
                     draft = spec.drafter.propose(k, r.params, r.draws, r.issued)
                 except Exception as exc:  # a drafter's fault is a decline, never a failure
@@ -686,7 +724,11 @@ class Engine:
                 self._account(r, spec, d.k, kept)
                 assert spec.drafter is not None
                 try:
-                    spec.drafter.settle(kept, d.k, out[-1], out[:-1] + [0] * (d.k - kept))
+                    tokens = out[:-1] + [0] * (d.k - kept)
+                    if lane.drafter is not None and r.rid in lane.drafter:
+                        lane.drafter.settle(r.rid, kept, d.k, out[-1], tokens)
+                    else:
+                        spec.drafter.settle(kept, d.k, out[-1], tokens)
                 except Exception as exc:
                     log.warning("drafter_failed", error=repr(exc), request_id=r.rid)
                     r.speculating = False
@@ -699,6 +741,26 @@ class Engine:
                         self.on_token()
             else:
                 self._take(r, out)
+
+    def _propose_together(self, lane: Lane, depths: list[int]) -> dict[str, Any]:
+        """The drafts of the rows that draft together, in one forward per position."""
+        if lane.drafter is None:
+            return {}
+        asks = {r.rid: Ask(k, r.params, r.draws, r.issued)
+                for r, k in zip(lane.rows, depths, strict=True)
+                if k > 0 and not r.answer.done and r.rid in lane.drafter}
+        if not asks:
+            return {}
+        try:
+            return dict(lane.drafter.propose(asks))
+        except Exception as exc:  # a drafter's fault is a decline, never a failure
+            log.warning("drafter_failed", error=repr(exc), rows=len(asks))
+            for r in lane.rows:
+                if r.rid in lane.drafter:
+                    r.speculating = False
+                    r.report.state = "declined:drafter_error"
+            lane.drafter, lane.drafter_off = None, True
+            return {}
 
     def _account(self, row: Row, spec: Speculation, drafted: int, kept: int) -> None:
         report = row.report
@@ -738,6 +800,9 @@ class Engine:
         if gone:
             lane.rows = [lane.rows[b] for b in keep]
             lane.cache.drop(keep)
+        self._drafters_keep(lane)
+        if lane.drafter is not None:
+            lane.drafter.tidy()
 
     def _finish(self, row: Row, error: BaseException | None) -> None:
         """The row ends: its answer, or its error, goes back to the worker."""
