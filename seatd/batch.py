@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +60,7 @@ from shared.protocol import Generate, SamplingParams
 
 log = structlog.get_logger()
 
-Emit = Callable[[str, int, str], None]
+Emit = Callable[[str, int, str, Sequence[int]], None]  # text, tokens, state, new ids
 
 # Beside decoding rows a prefill step may take this share of their step time: their
 # inter-token gaps grow by less than that while a prompt joins.
@@ -113,6 +113,7 @@ class Row:
     feed: mx.array | None = None  # (1,) the token it is fed next
     unread: bool = False  # `feed` is an answer token the host has not taken yet
     issued: int = 0  # answer tokens computed (taken or in flight)
+    start: int = 0  # answer tokens before this seat's (a continued answer's prefix)
     speculating: bool = False
     drafter_in: bool = False  # its drafter has the prompt
     last_kept: int = 0
@@ -300,17 +301,24 @@ class Engine:
 
     def _start(self, work: Work) -> None:
         params = work.request.params
+        # A continued answer (`Generate.prefix`): the worker put the tokens the client
+        # already has after the prompt; the budget counts the whole answer, and answer
+        # positions (keyed draws, drafts) start after them, as in the uninterrupted one.
+        prefix = list(work.request.prefix_ids or ())
         n_prompt = len(work.prompt)
-        budget = min(params.max_tokens, max(self.context_length - n_prompt, 0))
+        budget = min(params.max_tokens,
+                     max(self.context_length - n_prompt + len(prefix), 0))
         report = SpecReport()
 
         def send(text: str, count: int) -> None:
             if work.first_token_at is None:
                 work.first_token_at = time.monotonic()
-            work.emit(text, count, report.state)
+            work.emit(text, count, report.state, row.answer.fresh_ids())
 
         row = Row(work, params, draws_for(params, self.width),
-                  Answer(self.tokenizer, params, budget, send), report)
+                  Answer(self.tokenizer, params, budget, send, prefix=prefix,
+                         sent=work.request.prefix or ""), report)
+        row.issued = row.start = len(prefix)
         spec = work.spec
         if spec is not None:
             if spec.decline is not None or spec.drafter is None or spec.depth == 0:
@@ -331,7 +339,7 @@ class Engine:
             cache, done = resume.cache, resume.start
         else:
             cache, done = make_cache(self.model, work.kv), 0
-        if budget == 0:
+        if budget <= len(prefix) or row.answer.done:
             self._finish(row, None)
             return
         self.joining.append(row)
@@ -573,7 +581,7 @@ class Engine:
             self._drafter_prefill(row, self._catch_up_tokens())
             return 0, 1.0
         room = min(row.answer.budget - row.issued,
-                   self.context_length - len(row.work.prompt) - row.issued) - 1
+                   self.context_length - len(row.work.prompt) - (row.issued - row.start)) - 1
         policy = spec.policy
         if policy is None:
             want = spec.depth

@@ -67,7 +67,8 @@ def run(pair: tuple[Any, Any, Any], *, spec: Sequence[str | None] = (None,) * 4,
     for i, (prompt, params, kv) in enumerate(zip(PROMPTS, PARAMS, LANES, strict=True)):
         out.streamed[i] = []
 
-        def emit(text: str, count: int, state: str, i: int = i) -> None:
+        def emit(text: str, count: int, state: str, ids: Sequence[int] = (),
+                 i: int = i) -> None:
             if stream:
                 out.streamed[i].append(text)
             if count >= cancel_after.get(i, 1 << 30):
@@ -218,7 +219,7 @@ def test_joining_rows_share_prefill_forwards(pair: tuple[Any, Any, Any],
 
     def submit(i: int, solo: bool = False) -> None:
         request = Generate(str(i), False, params, prompt="-", solo=True if solo else None)
-        engine.submit(Work(request, prompts[i], "fp16", lambda t, c, s: None, lambda: False,
+        engine.submit(Work(request, prompts[i], "fp16", lambda t, c, s, ids: None, lambda: False,
                            lambda w, r, e: results.__setitem__(w.request.request_id, r)))
 
     for i in range(3):
@@ -238,3 +239,34 @@ def test_joining_rows_share_prefill_forwards(pair: tuple[Any, Any, Any],
         assert got is not None
         want = decode(model, tok, prompts[i], params, kv="fp16", context_length=4096)
         assert got.text == want.text, i
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=24, temperature=0.9, seed=11),
+    SamplingParams(max_tokens=24, temperature=0),
+], ids=["seeded", "greedy"])
+def test_a_continued_answer_goes_on_as_the_uninterrupted_one(
+        pair: tuple[Any, Any, Any], params: SamplingParams) -> None:
+    """A row given the first tokens of an answer (`Generate.prefix_ids`, after the prompt,
+    as the worker puts them) samples from the answer positions after them: what it adds
+    is the rest of the uninterrupted answer, token for token, and its budget is the
+    whole answer's."""
+    model, tok, drafter = pair
+    prompt = tok.encode(PROMPTS[1])
+    whole = decode(model, tok, prompt, params, kv="fp16", context_length=2048)
+    assert whole.completion_tokens == 24
+    for cut in (1, 9):
+        engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+        head = whole.token_ids[:cut]
+        got: list[DecodeResult | None] = []
+        request = Generate("c", False, params, prompt="-", prefix=tok.decode(head),
+                           prefix_ids=tuple(head))
+        engine.submit(Work(request, prompt + head, "fp16", lambda t, c, s, ids: None,
+                           lambda: False, lambda w, r, e: got.append(r),
+                           spec=Speculation(ModelDrafter(drafter), 3, DepthStats())))
+        while not got:
+            engine.step()
+        result = got[0]
+        assert result is not None
+        assert result.completion_tokens == 24 - cut
+        assert result.token_ids[-(24 - cut):] == whole.token_ids[cut:], cut
