@@ -84,20 +84,45 @@ def _kill_when_busy(s: Sanctum, out: list[int]) -> None:
         time.sleep(0.01)
 
 
+def _streamed(s: Sanctum, kill_after: int | None,
+              killed: list[int]) -> tuple[str, list[str], list[dict[str, object]]]:
+    """A seeded completion streamed from the `private` route, brain SIGKILLed after
+    `kill_after` chunks: (its whole text, the seat named by each chunk, its segments)."""
+    stream = client(s).completions.create(
+        model="private", prompt="import os\n", stream=True, max_tokens=120, temperature=1.0,
+        seed=1, extra_body={"sanctum": {"kv": "fp16"}})  # both seats on one KV lane
+    texts, seats, segments = [], [], []
+    for chunk in stream:
+        if chunk.choices:
+            texts.append(chunk.choices[0].text)
+            seats.append(chunk.model)
+        extra = chunk.model_extra or {}
+        if "sanctum" in extra:
+            segments = extra["sanctum"]["segments"]
+        if kill_after is not None and len(seats) == kill_after and not killed:
+            killed.append(kill_brain(s))
+    return "".join(texts), seats, segments
+
+
 def test_kill_mid_generation(pair: Sanctum) -> None:
-    """Killed mid-stream: a terminal error; killed mid-sync: coder answers instead."""
-    before = counters(pair)["proxy"]["midstream_aborts"]
+    """Killed mid-stream, a seeded answer is continued by coder (same weights, same KV
+    lane) from the position after the tokens already sent, and the client's text equals
+    the uninterrupted answer byte for byte; killed mid-sync, coder answers instead."""
+    before = counters(pair)["proxy"]
+    whole, seats, _ = _streamed(pair, None, [])
+    assert set(seats) == {"brain"} and len(whole) > 40
     killed: list[int] = []
-    stream = client(pair).completions.create(model="private", prompt="import os\n", stream=True,
-                                             max_tokens=400, temperature=1.0, seed=1)
-    got = []
-    with pytest.raises(openai.APIError, match="failed after the answer began"):
-        for chunk in stream:
-            got.append(chunk)
-            if len(got) == 2:
-                killed.append(kill_brain(pair))
-    assert {c.model for c in got} == {"brain"}
-    assert counters(pair)["proxy"]["midstream_aborts"] == before + 1
+    continued, seats, segments = _streamed(pair, 2, killed)
+    assert killed, "brain was never killed"
+    assert seats[0] == "brain" and seats[-1] == "coder"
+    assert [(seg["seat"], seg["outcome"]) for seg in segments] == [
+        ("brain", "failed:worker_lost"), ("coder", "ok")]
+    assert all(int(seg["tokens"]) > 0 for seg in segments)  # type: ignore[call-overload]
+    assert continued == whole
+    after = counters(pair)["proxy"]
+    assert after["midstream_aborts"] == before["midstream_aborts"]
+    assert after["continuations"]["by_pair"].get("brain>coder", 0) == \
+        before["continuations"]["by_pair"].get("brain>coder", 0) + 1
     wait_brain_back(pair, killed.pop())
 
     t = threading.Thread(target=_kill_when_busy, args=(pair, killed))
