@@ -41,7 +41,6 @@ from seatd.adaptive import PARK_TOKENS, observe
 from seatd.answer import Answer
 from seatd.batch_policy import StepCosts, plan_step
 from seatd.decode import (
-    PREFILL_ALIGN,
     PREFILL_CHUNK,
     DecodeResult,
     Resume,
@@ -65,6 +64,7 @@ Emit = Callable[[str, int, str, Sequence[int]], None]  # text, tokens, state, ne
 # Beside decoding rows a prefill step may take this share of their step time: their
 # inter-token gaps grow by less than that while a prompt joins.
 PREFILL_SHARE = 0.8
+PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
 
 
 class RowCancelled(Exception):
@@ -364,23 +364,20 @@ class Engine:
         """Prompt tokens each row of this group may take in this step."""
         if group.alone and (group.rows[0].solo or not self._decoding()):
             return PREFILL_CHUNK  # a request alone, or a solo row whoever else decodes
-        share = PREFILL_CHUNK // len(group.rows) // PREFILL_ALIGN * PREFILL_ALIGN
         seconds = self._prefill_time()
-        if seconds is None:
-            return max(PREFILL_ALIGN, share)
-        total = self.prefill_cost.tokens_within(seconds, PREFILL_ALIGN)
-        if total is None:
-            return PREFILL_ALIGN
-        per_row = total // len(group.rows) // PREFILL_ALIGN * PREFILL_ALIGN
-        return max(PREFILL_ALIGN, min(PREFILL_CHUNK, per_row))
+        if seconds is None:  # nobody waits: a chunk's worth of tokens in all
+            return max(PREFILL_FLOOR, PREFILL_CHUNK // len(group.rows))
+        per_row = self.prefill_cost.tokens_within(seconds, group.done, len(group.rows),
+                                                  PREFILL_FLOOR)
+        return min(PREFILL_CHUNK, per_row or PREFILL_FLOOR)
 
     def _catch_up_tokens(self) -> int:
         """Prompt tokens a decoding row's drafter takes in one step."""
         seconds = self._prefill_time()
         if seconds is None:
             return PREFILL_CHUNK
-        return max(PREFILL_ALIGN, min(PREFILL_CHUNK, self.prefill_cost.tokens_within(
-            seconds, PREFILL_ALIGN) or PREFILL_ALIGN))
+        return min(PREFILL_CHUNK, self.prefill_cost.tokens_within(
+            seconds, 0, 1, PREFILL_FLOOR) or PREFILL_FLOOR)
 
     def _decoding(self) -> bool:
         return any(lane.rows for lane in self.lanes.values())
@@ -448,9 +445,10 @@ class Engine:
             resume = row.work.resume
             if resume is not None and resume.keep is not None and group.done == resume.keep_at:
                 resume.keep(take(group.cache, b) if len(group.rows) > 1 else group.cache)
-            self._drafter_prefill(row, max(n, PREFILL_ALIGN))
+            self._drafter_prefill(row, max(n, PREFILL_FLOOR))
         if n > 0:
-            self.prefill_cost.observe(n * len(group.rows), time.perf_counter() - started)
+            self.prefill_cost.observe(n * len(group.rows), group.done - n / 2,
+                                      time.perf_counter() - started)
         ready = [b for b, r in enumerate(group.rows)
                  if group.done >= len(r.work.prompt) - 1]
         if not ready:

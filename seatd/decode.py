@@ -46,9 +46,8 @@ from shared.protocol import SamplingParams
 log = structlog.get_logger()
 
 PREFILL_CHUNK = 512
-# Beside decoding rows, a batch prefills in smaller pieces of this granularity
+# Beside decoding rows a batch prefills smaller pieces, sized to a time per step
 # (`seatd.batch`); a request alone always prefills whole chunks.
-PREFILL_ALIGN = 16
 
 Emit = Callable[[str, int, str], None]  # text, completion tokens, speculation state
 

@@ -11,19 +11,23 @@ joining group is plain mlx-lm caches with a batch axis; the batch engine
 (`seatd.batch`) prefills the group that is furthest behind first, so that rows arriving
 later catch up with a group in progress and merge with it where their offsets meet.
 
-On this machine a prefill forward of a few dozen tokens costs mostly its fixed part
-(reading the weights, launching the layers), so several joining rows in one forward
-cost little more than one.  `PrefillCost` is that measured cost, fixed plus per token,
-and says how many prompt tokens a step may take within a time.
+A prefill forward of a few dozen tokens costs mostly its fixed part (reading the
+weights, launching the layers), so several joining rows in one forward cost little more
+than one; and a prompt token costs more the further into its prompt it is (it attends
+to every token before it: on a CPU a 16-token piece at 1,400 tokens in costs twice one
+at the start).  `PrefillCost` is that measured cost, and says how many prompt tokens a
+step may take within a time.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models import cache as mlx_cache
 
 from seatd.recurrent import RollbackArraysCache
@@ -122,44 +126,70 @@ def take(cache: Sequence[Any], index: int) -> list[Any]:
 
 
 class PrefillCost:
-    """A prefill step's time as fixed + per token, fitted over the last WINDOW steps."""
+    """A prefill step's time as fixed + per token + per token and context token (each
+    prompt token attends to the tokens before it), fitted over the last WINDOW steps."""
 
     def __init__(self) -> None:
-        self.steps: deque[tuple[int, float]] = deque(maxlen=WINDOW)
+        self.steps: deque[tuple[int, float, float]] = deque(maxlen=WINDOW)
 
-    def observe(self, tokens: int, seconds: float) -> None:
+    def observe(self, tokens: int, context: float, seconds: float) -> None:
+        """A step of `tokens` prompt tokens (all rows together) whose rows had `context`
+        tokens before them on average."""
         if tokens > 0 and seconds >= 0:
-            self.steps.append((tokens, seconds))
+            self.steps.append((tokens, context, seconds))
 
-    def fit(self) -> tuple[float, float] | None:
-        """(fixed seconds, seconds per token), or None before any step."""
+    def fit(self) -> tuple[float, float, float] | None:
+        """(fixed s, s per token, s per token per context token), or None before any."""
         return fit_cost(list(self.steps))
 
-    def tokens_within(self, seconds: float, floor: int) -> int | None:
-        """Prompt tokens one step may take so that it lasts about `seconds`."""
+    def tokens_within(self, seconds: float, context: float, rows: int,
+                      floor: int) -> int | None:
+        """Prompt tokens per row one step of `rows` rows may take, their prompts `context`
+        tokens in, so that it lasts about `seconds`; at least `floor`."""
         fit = self.fit()
         if fit is None:
             return None
-        fixed, per = fit
-        return max(floor, int((seconds - fixed) / per))
+        fixed, per, per_ctx = fit
+        # fixed + rows * T * (per + per_ctx * (context + T / 2)) = seconds, for T
+        a = rows * per_ctx / 2
+        b = rows * (per + per_ctx * context)
+        c = fixed - seconds
+        if c >= 0:
+            return floor
+        t = -c / b if a <= 0 else (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
+        return max(floor, int(t))
 
 
-def fit_cost(steps: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
-    """Least squares of seconds on tokens.  With one size seen, or a fit that makes no
-    sense (a negative part), every second counts as per-token: an over-estimate of
-    a token's cost, so a step takes fewer tokens, never more."""
+def fit_cost(steps: Sequence[tuple[int, float, float]]) -> tuple[float, float, float] | None:
+    """Least squares of seconds on (1, tokens, tokens * context) with every part
+    non-negative: the best of the fits with a fixed part and one or both per-token
+    parts.  Where none has (a step on a busy machine can take longer than a bigger
+    one), every second counts per token: an over-estimate of a token's cost, so a step
+    then takes fewer tokens, never more."""
     if not steps:
         return None
-    n = len(steps)
-    sx = sum(t for t, _ in steps)
-    sy = sum(s for _, s in steps)
-    mean_per = sy / sx
-    mx_, my = sx / n, sy / n
-    var = sum((t - mx_) ** 2 for t, _ in steps)
-    if var <= 0:
-        return 0.0, mean_per
-    per = sum((t - mx_) * (s - my) for t, s in steps) / var
-    fixed = my - per * mx_
-    if per <= 0 or fixed < 0:
-        return 0.0, mean_per
-    return fixed, per
+    y = np.array([s for _, _, s in steps])
+    t = np.array([float(n) for n, _, _ in steps])
+    ctx = np.array([c for _, c, _ in steps])
+    columns = (np.ones_like(t), t, t * ctx)
+    best: tuple[float, list[float]] | None = None
+    for subset in ((0, 1, 2), (0, 1), (0, 2)):  # a fit through the origin could under-
+        # estimate the small steps that matter most
+        x = np.stack([columns[i] for i in subset], axis=1)
+        if np.linalg.matrix_rank(x) < x.shape[1]:
+            continue
+        coef = np.linalg.lstsq(x, y, rcond=None)[0]
+        if (coef < 0).any():
+            continue
+        full = [0.0, 0.0, 0.0]
+        for i, v in zip(subset, coef, strict=True):
+            full[i] = float(v)
+        if full[1] == 0 and full[2] == 0:
+            continue
+        residual = float(((x @ coef - y) ** 2).sum())
+        if best is None or residual < best[0] - 1e-15:
+            best = (residual, full)
+    if best is None:
+        return 0.0, float(y.sum() / t.sum()), 0.0
+    fixed, per, per_ctx = best[1]
+    return fixed, per, per_ctx

@@ -262,7 +262,7 @@ def test_a_continued_answer_goes_on_as_the_uninterrupted_one(
         request = Generate("c", False, params, prompt="-", prefix=tok.decode(head),
                            prefix_ids=tuple(head))
         engine.submit(Work(request, prompt + head, "fp16", lambda t, c, s, ids: None,
-                           lambda: False, lambda w, r, e: got.append(r),
+                           lambda: False, lambda w, r, e, got=got: got.append(r),
                            spec=Speculation(ModelDrafter(drafter), 3, DepthStats())))
         while not got:
             engine.step()

@@ -33,11 +33,12 @@ def lane(request: Any) -> tuple[Any, str]:
     return model, kv
 
 
-def _alone(model: Any, kv: str, prompt: list[int]) -> tuple[list[Any], mx.array]:
-    """The prompt fed alone (all but its last token), and the logits of its last token."""
+def _alone(model: Any, kv: str, prompt: list[int]) -> mx.array:
+    """The logits of the prompt's last token, the rest fed alone."""
     cache = make_cache(model, kv)
     model(mx.array([prompt[:-1]]), cache=cache)
-    return cache, model(mx.array([prompt[-1:]]), cache=cache)[0, -1]
+    out: mx.array = model(mx.array([prompt[-1:]]), cache=cache)[0, -1]
+    return out
 
 
 def _close(a: mx.array, b: mx.array) -> bool:
@@ -63,7 +64,7 @@ def test_rows_prefilled_together_answer_as_alone(lane: tuple[Any, str]) -> None:
     row0 = take(group, 0)
     model(mx.array([PROMPTS[0][7:9]]), cache=row0)  # the rest alone
     for prompt, cache in zip(PROMPTS, [row0, row1, row2], strict=True):
-        want_cache, want = _alone(model, kv, prompt)
+        want = _alone(model, kv, prompt)
         got = model(mx.array([prompt[-1:]]), cache=cache)[0, -1]
         assert _close(got, want), prompt
         assert int(mx.argmax(got).item()) == int(mx.argmax(want).item())
@@ -86,31 +87,51 @@ def test_other_caches_are_not_stackable() -> None:
     assert not stackable([object()])
 
 
+def _cost(tokens: int, context: float) -> float:
+    """A made-up machine: 20 ms fixed, 1 ms a token, 1 us a token per context token."""
+    return 0.020 + tokens * (0.001 + 1e-6 * context)
+
+
+WITH_CONTEXT = [(t, c, _cost(t, c)) for t, c in [(16, 100), (16, 1400), (64, 500), (32, 800)]]
+
+
 @pytest.mark.parametrize("steps, want", [
     ([], None),
-    ([(16, 0.032)], (0.0, 0.002)),  # one size: all of it per token (an over-estimate)
-    ([(16, 0.030), (64, 0.054), (128, 0.086)], (0.022, 0.0005)),  # fixed + per token
-    ([(16, 0.050), (64, 0.040)], (0.0, 0.09 / 80)),  # per token falls: no sense, mean
-    ([(16, 0.001), (64, 0.040)], (0.0, 0.041 / 80)),  # a negative fixed part: mean
-])
-def test_fit_cost(steps: list[tuple[int, float]], want: tuple[float, float] | None) -> None:
+    ([(16, 8.0, 0.032)], (0.0, 0.002, 0.0)),  # one step: all of it per token (too much)
+    ([(16, 0.0, 0.030), (64, 0.0, 0.054), (128, 0.0, 0.086)], (0.022, 0.0005, 0.0)),
+    (WITH_CONTEXT, (0.020, 0.001, 1e-6)),
+    ([(16, 0.0, 0.050), (64, 0.0, 0.040)], (0.0, 0.09 / 80, 0.0)),  # cost falls: mean
+    ([(16, 0.0, 0.001), (64, 0.0, 0.040)], (0.0, 0.041 / 80, 0.0)),  # negative fixed: mean
+], ids=["none", "one", "no-context", "context", "falling", "negative"])
+def test_fit_cost(steps: list[tuple[int, float, float]],
+                  want: tuple[float, float, float] | None) -> None:
     got = fit_cost(steps)
     if want is None:
         assert got is None
         return
     assert got is not None
-    assert got[0] == pytest.approx(want[0], abs=1e-9)
-    assert got[1] == pytest.approx(want[1], rel=1e-9)
+    assert got == pytest.approx(want, rel=1e-6, abs=1e-9)
 
 
-@pytest.mark.parametrize("steps, seconds, want", [
-    ([], 0.05, None),
-    ([(16, 0.030), (64, 0.054), (128, 0.086)], 0.054, 64),
-    ([(16, 0.030), (64, 0.054), (128, 0.086)], 0.01, 16),  # less than the fixed part: floor
-    ([(32, 0.032)], 0.064, 64),
-])
-def test_tokens_within(steps: list[tuple[int, float]], seconds: float, want: int | None) -> None:
+@pytest.mark.parametrize("seconds, context, rows", [
+    (0.052, 0, 1), (0.052, 1400, 1), (0.100, 300, 4), (0.400, 50, 8)])
+def test_tokens_within_the_time(seconds: float, context: int, rows: int) -> None:
+    """The most tokens per row whose step fits the time, by the fitted cost."""
     cost = PrefillCost()
-    for tokens, s in steps:
-        cost.observe(tokens, s)
-    assert cost.tokens_within(seconds, 16) == want
+    for tokens, ctx, s in WITH_CONTEXT:
+        cost.observe(tokens, ctx, s)
+    got = cost.tokens_within(seconds, context, rows, 1)
+    assert got is not None
+
+    def step(t: int) -> float:  # rows * t tokens, half a piece further in on average
+        return 0.020 + rows * t * (0.001 + 1e-6 * (context + t / 2))
+
+    assert step(got) <= seconds + 1e-9 < step(got + 1)
+
+
+def test_tokens_within_a_time_below_the_fixed_part_is_the_floor() -> None:
+    cost = PrefillCost()
+    assert cost.tokens_within(0.05, 0, 1, 8) is None  # nothing measured yet
+    for tokens, ctx, s in WITH_CONTEXT:
+        cost.observe(tokens, ctx, s)
+    assert cost.tokens_within(0.01, 0, 1, 8) == 8

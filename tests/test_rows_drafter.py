@@ -65,7 +65,7 @@ def test_rows_draft_as_their_drafters_alone(drafter_model: Any) -> None:
             theirs = [int(t) for t in want.tokens.tolist()]
             assert mine == theirs, (plan, i)
             # The target kept `kept` drafts and made one token of its own.
-            out = theirs[:kept] + [200 + i]
+            out = [*theirs[:kept], 200 + i]
             tokens = out[:-1] + [0] * (k - kept)
             alone[i].settle(kept, k, out[-1], tokens)
             batch.settle(str(i), kept, k, out[-1], tokens)
