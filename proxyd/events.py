@@ -91,6 +91,8 @@ class Abort(msgspec.Struct, frozen=True):
     seat: str  # the rung that broke the answer
     attempts: str = ""
     segments: list[dict[str, str | int]] = []  # what each rung had sent
+    # rungs that could not take the longer prompt of the continuation, with the numbers
+    over_cap: list[dict[str, str | int]] = []
 
 
 Event = Commit | Text | Done | Abort

@@ -93,10 +93,11 @@ async def serve(request: web.Request, proxy: Proxy, door: Door, route: RouteConf
                     return response
                 elif isinstance(event, Abort):
                     assert response is not None
-                    await _write(response, door.error_event(
-                        event.message, event.code,
-                        {"seat": event.seat, "attempts": event.attempts,
-                         "segments": event.segments}))
+                    extra: dict[str, object] = {"seat": event.seat, "attempts": event.attempts,
+                                                "segments": event.segments}
+                    if event.over_cap:
+                        extra["over_cap"] = event.over_cap
+                    await _write(response, door.error_event(event.message, event.code, extra))
                     return response
     except asyncio.CancelledError:
         # The proxy is stopping past its drain: end a begun answer honestly.

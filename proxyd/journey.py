@@ -104,6 +104,7 @@ class Journey:
         memo: dict[Any, int] = {}
         answer: Answer | None = None
         broke: tuple[str, Failed | Rejected] | None = None  # the last rung that failed
+        over_cap: list[dict[str, str | int]] = []  # continuations too long for a rung
         for name in self.plan.rungs:
             self.seat = name
             seat_cfg = proxy.seats[name]
@@ -119,6 +120,8 @@ class Journey:
                 if self.committed:
                     log.info("continuation_over_cap", request_id=rid, seat=name,
                              prompt_tokens=verdict.tokens, cap=verdict.cap)
+                    over_cap.append({"seat": name, "prompt_tokens": verdict.tokens or 0,
+                                     "cap": verdict.cap or 0})
                 continue
             admitted, probe = proxy.admit(name)
             if not admitted:
@@ -253,7 +256,7 @@ class Journey:
                         f"({outcome_label(outcome)}) and no rung could finish it; "
                         "the answer is incomplete",
                         "midstream_failure", seat, attempts_header(self.attempts),
-                        answer.segments)
+                        answer.segments, over_cap)
             return
         # Every allowed rung failed or was skipped; nothing was sent.
         end = conclude(self.attempts, self.plan, self.route.model)

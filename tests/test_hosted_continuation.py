@@ -210,6 +210,7 @@ def test_a_continuation_is_admitted_again_with_its_longer_prompt(make_rig: MakeR
     err = datas[-1]["error"]
     assert err["seat"] == "primary"
     assert err["attempts"] == "primary=failed:stream_cut; backup=skipped:over_cap"
+    assert err["over_cap"] == [{"seat": "backup", "prompt_tokens": 227, "cap": 100}]
     assert rig.tries() == (1, 0)
     # The question alone fits the backup.
     rig.primary.set_script(["status:401"])
