@@ -33,6 +33,11 @@ from mlx_lm.models import cache as mlx_cache
 from seatd.recurrent import RollbackArraysCache
 
 WINDOW = 32  # prefill steps the cost fit looks back on
+# Steps beside decoding rows are small and alike, so a fit over those alone cannot tell
+# the fixed part from the per-token one (and, over-estimating, keeps them small): the
+# last few big steps (a chunk with nobody waiting) stay in the fit as well.
+BIG_STEP = 128  # tokens
+BIG_WINDOW = 8
 
 
 def _kv_types() -> tuple[type, ...]:
@@ -127,20 +132,22 @@ def take(cache: Sequence[Any], index: int) -> list[Any]:
 
 class PrefillCost:
     """A prefill step's time as fixed + per token + per token and context token (each
-    prompt token attends to the tokens before it), fitted over the last WINDOW steps."""
+    prompt token attends to the tokens before it), fitted over the last WINDOW steps
+    and the last BIG_WINDOW steps of BIG_STEP tokens or more."""
 
     def __init__(self) -> None:
         self.steps: deque[tuple[int, float, float]] = deque(maxlen=WINDOW)
+        self.big: deque[tuple[int, float, float]] = deque(maxlen=BIG_WINDOW)
 
     def observe(self, tokens: int, context: float, seconds: float) -> None:
         """A step of `tokens` prompt tokens (all rows together) whose rows had `context`
         tokens before them on average."""
         if tokens > 0 and seconds >= 0:
-            self.steps.append((tokens, context, seconds))
+            (self.big if tokens >= BIG_STEP else self.steps).append((tokens, context, seconds))
 
     def fit(self) -> tuple[float, float, float] | None:
         """(fixed s, s per token, s per token per context token), or None before any."""
-        return fit_cost(list(self.steps))
+        return fit_cost([*self.big, *self.steps])
 
     def tokens_within(self, seconds: float, context: float, rows: int,
                       floor: int) -> int | None:

@@ -135,3 +135,14 @@ def test_tokens_within_a_time_below_the_fixed_part_is_the_floor() -> None:
     for tokens, ctx, s in WITH_CONTEXT:
         cost.observe(tokens, ctx, s)
     assert cost.tokens_within(0.01, 0, 1, 8) == 8
+
+
+def test_big_steps_stay_in_the_fit() -> None:
+    """Forty small steps alike cannot separate the fixed part from the per-token one;
+    the big steps seen before them still can."""
+    cost = PrefillCost()
+    for tokens, ctx in [(512, 256), (448, 224), (256, 128)]:
+        cost.observe(tokens, ctx, _cost(tokens, ctx))
+    for i in range(40):
+        cost.observe(8, 600 + i, _cost(8, 600 + i))
+    assert cost.fit() == pytest.approx((0.020, 0.001, 1e-6), rel=1e-6, abs=1e-9)
