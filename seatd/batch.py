@@ -372,9 +372,11 @@ class Engine:
         return min(PREFILL_CHUNK, per_row or PREFILL_FLOOR)
 
     def _catch_up_tokens(self) -> int:
-        """Prompt tokens a decoding row's drafter takes in one step."""
+        """Prompt tokens a decoding row's drafter takes in one step: whole chunks for a
+        row alone (it waits on nobody but itself)."""
         seconds = self._prefill_time()
-        if seconds is None:
+        alone = sum(len(lane.rows) for lane in self.lanes.values()) <= 1 and not self.groups
+        if seconds is None or alone:
             return PREFILL_CHUNK
         return min(PREFILL_CHUNK, self.prefill_cost.tokens_within(
             seconds, 0, 1, PREFILL_FLOOR) or PREFILL_FLOOR)
@@ -434,6 +436,7 @@ class Engine:
 
     def _prefill_group(self, group: Group) -> None:
         n = self._chunk(group)
+        decoding = self._decoding()
         started = time.perf_counter()
         if n > 0:
             block = mx.array([r.work.prompt[group.done : group.done + n] for r in group.rows],
@@ -445,7 +448,8 @@ class Engine:
             resume = row.work.resume
             if resume is not None and resume.keep is not None and group.done == resume.keep_at:
                 resume.keep(take(group.cache, b) if len(group.rows) > 1 else group.cache)
-            self._drafter_prefill(row, max(n, PREFILL_FLOOR))
+            # Nobody waits on it: the drafter takes whole chunks, as a request alone's.
+            self._drafter_prefill(row, max(n, PREFILL_FLOOR) if decoding else PREFILL_CHUNK)
         if n > 0:
             self.prefill_cost.observe(n * len(group.rows), group.done - n / 2,
                                       time.perf_counter() - started)
