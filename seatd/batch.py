@@ -353,12 +353,15 @@ class Engine:
 
     def _prefill_time(self) -> float | None:
         """The time one prefill step may take beside decoding rows: PREFILL_SHARE of
-        their steps' time, so their inter-token gaps grow by less than that; None with no
-        row decoding (whole chunks, as a request alone prefills)."""
+        their steps' time, so their inter-token gaps grow by less than that, or more where
+        more rows wait to join than decode (rows per row: a row waiting has no token at
+        all yet, and prompts arriving together would otherwise join one by one at a
+        crawl); None with no row decoding (whole chunks, as a request alone prefills)."""
         decoding = [lane for lane in self.lanes.values() if lane.rows]
         if not decoding:
             return None
-        return PREFILL_SHARE * sum(lane.step_s or 0.0 for lane in decoding)
+        waiting = len(self.joining) / sum(len(lane.rows) for lane in decoding)
+        return max(PREFILL_SHARE, waiting) * sum(lane.step_s or 0.0 for lane in decoding)
 
     def _row_tokens(self, group: Group) -> int:
         """Prompt tokens each row of this group may take in this step."""

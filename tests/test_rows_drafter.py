@@ -90,3 +90,4 @@ def test_unseeded_sampled_rows_carry_their_draft_distribution(drafter_model: Any
     probs = got["a"].probs
     assert probs is not None and probs.shape[0] == 3
     assert mx.allclose(probs.sum(axis=-1), mx.ones((3,)), atol=1e-4)
+
