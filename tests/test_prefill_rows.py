@@ -10,27 +10,13 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from seatd import prefill_rows, recurrent
+from seatd import prefill_rows
 from seatd.decode import make_cache
 from seatd.prefill_rows import PrefillCost, fit_cost, stack, stackable, take
 
 TOL = 2e-3
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [20, 21, 22, 23, 24, 25, 26],
            [30, 31, 32, 33, 34, 35, 36, 37]]
-
-
-@pytest.fixture(scope="module", params=[("builtin:demo", "fp16"), ("builtin:demo", "q8"),
-                                        ("builtin:demo-hybrid", "fp16")],
-                ids=["fp16", "q8", "hybrid"])
-def lane(request: Any) -> tuple[Any, str]:
-    from seatd.model_load import load_for_compute
-    from shared.builtin import resolve_model
-
-    name, kv = request.param
-    model = load_for_compute(resolve_model(name), None).model
-    if "hybrid" in name:
-        assert recurrent.enable(model)
-    return model, kv
 
 
 def _alone(model: Any, kv: str, prompt: list[int]) -> mx.array:

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
-import pytest
 from mlx_lm.models import cache as mlx_cache
 
 from seatd import recurrent
@@ -17,20 +16,6 @@ from seatd.rows_cache import RowsCache
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22], [30, 31, 32, 33, 34, 35]]
 TOL = 2e-3
-
-
-@pytest.fixture(scope="module", params=[("builtin:demo", "fp16"), ("builtin:demo", "q8"),
-                                        ("builtin:demo-hybrid", "fp16")],
-                ids=["fp16", "q8", "hybrid"])
-def lane(request: Any) -> tuple[Any, str]:
-    from seatd.model_load import load_for_compute
-    from shared.builtin import resolve_model
-
-    name, kv = request.param
-    model = load_for_compute(resolve_model(name), None).model
-    if "hybrid" in name:
-        assert recurrent.enable(model)
-    return model, kv
 
 
 class Alone:
