@@ -173,10 +173,7 @@ class PrefillCost:
         if fit is None:
             return None
         fixed, per, per_ctx = fit
-        token = per + per_ctx * context
-        if token <= 1e-9:  # a fit whose tokens cost nothing here: no such floor
-            return None
-        return math.ceil(fixed / token - 1e-6)  # no float dust
+        return math.ceil(fixed / (per + per_ctx * context) - 1e-6)  # no float dust
 
 
 def fit_cost(steps: Sequence[tuple[int, float, float]]) -> tuple[float, float, float] | None:

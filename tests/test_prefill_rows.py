@@ -142,15 +142,3 @@ def test_a_step_worth_its_fixed_part(context: int, want: int) -> None:
     for tokens, ctx, s in WITH_CONTEXT:
         cost.observe(tokens, ctx, s)
     assert cost.worth_a_step(context) == want
-
-
-def test_a_fit_without_a_per_token_part_sets_no_floor_at_the_start() -> None:
-    """A fit of fixed + per token and context token costs nothing for a prompt's first
-    token: no floor there (and no division by zero), a floor further in."""
-    cost = PrefillCost()
-    for tokens, ctx in [(8, 100), (8, 900), (16, 400)]:
-        cost.observe(tokens, ctx, 0.020 + tokens * ctx * 1e-6)
-    assert cost.fit() == pytest.approx((0.020, 0.0, 1e-6), rel=1e-6, abs=1e-9)
-    assert cost.worth_a_step(0) is None
-    assert cost.worth_a_step(1000) == 20
-    assert cost.tokens_within(0.05, 0, 1, 8) is not None
