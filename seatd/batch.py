@@ -370,12 +370,9 @@ class Engine:
         seconds = self._prefill_time()
         if seconds is None:  # nobody waits: a chunk's worth of tokens in all
             return max(PREFILL_FLOOR, PREFILL_CHUNK // len(group.rows))
-        rows = len(group.rows)
-        per_row = self.prefill_cost.tokens_within(seconds, group.done, rows, PREFILL_FLOOR)
-        # Never a step that is mostly its fixed part: where the decoding rows' step is
-        # short (one or two rows), their gaps grow more while a prompt joins, but it joins.
-        worth = -(-(self.prefill_cost.worth_a_step(group.done) or 0) // rows)
-        return min(PREFILL_CHUNK, max(per_row or PREFILL_FLOOR, worth))
+        per_row = self.prefill_cost.tokens_within(seconds, group.done, len(group.rows),
+                                                  PREFILL_FLOOR)
+        return min(PREFILL_CHUNK, per_row or PREFILL_FLOOR)
 
     def _catch_up_tokens(self) -> int:
         """Prompt tokens a decoding row's drafter takes in one step: whole chunks for a

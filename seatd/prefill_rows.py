@@ -166,15 +166,6 @@ class PrefillCost:
         t = -c / b if a <= 0 else (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
         return max(floor, int(t))
 
-    def worth_a_step(self, context: float) -> int | None:
-        """The fewest prompt tokens (all rows together) whose own cost is as much as a
-        step's fixed part: a smaller step spends most of its time on nothing."""
-        fit = self.fit()
-        if fit is None:
-            return None
-        fixed, per, per_ctx = fit
-        return math.ceil(fixed / (per + per_ctx * context) - 1e-6)  # no float dust
-
 
 def fit_cost(steps: Sequence[tuple[int, float, float]]) -> tuple[float, float, float] | None:
     """Least squares of seconds on (1, tokens, tokens * context) with every part

@@ -132,13 +132,3 @@ def test_big_steps_stay_in_the_fit() -> None:
     for i in range(40):
         cost.observe(8, 600 + i, _cost(8, 600 + i))
     assert cost.fit() == pytest.approx((0.020, 0.001, 1e-6), rel=1e-6, abs=1e-9)
-
-
-@pytest.mark.parametrize("context, want", [(0, 20), (1000, 10), (3000, 5)])
-def test_a_step_worth_its_fixed_part(context: int, want: int) -> None:
-    """20 ms fixed: 20 tokens at 1 ms, 10 where each costs 2 ms that far in."""
-    cost = PrefillCost()
-    assert cost.worth_a_step(0) is None
-    for tokens, ctx, s in WITH_CONTEXT:
-        cost.observe(tokens, ctx, s)
-    assert cost.worth_a_step(context) == want
