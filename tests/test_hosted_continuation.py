@@ -13,7 +13,6 @@ upstream saw, and what a continuing rung was asked.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -248,13 +247,10 @@ def test_every_fault_class_ends_as_a_complete_answer(make_rig: MakeRig, script: 
                                                      seats: list[str], attempts: str,
                                                      tries: tuple[int, int]) -> None:
     """Each upstream fault, streamed: the client gets the whole answer and [DONE], the
-    attempts and segments are listed, each upstream saw a bounded number of tries, and
-    no silent rung was waited on twice (the request took less than two first-token
-    budgets of 1 s beyond a Retry-After it honoured)."""
+    attempts and segments are listed, and each upstream saw exactly the tries its fault
+    allows: a silent rung is asked once, so it is never waited on twice."""
     rig = make_rig(primary=script)
-    started = time.monotonic()
     headers, datas, names = stream(rig)
-    elapsed = time.monotonic() - started
     assert streamed_text(datas) == WHOLE and finish_reasons(datas) == ["stop"]
     assert names == (["[DONE]", "sanctum"] if len(seats) > 1 else ["[DONE]"])
     sanctum = next(d for d in reversed(datas) if "choices" in d)["sanctum"]
@@ -263,7 +259,6 @@ def test_every_fault_class_ends_as_a_complete_answer(make_rig: MakeRig, script: 
     assert sum(seg["tokens"] for seg in sanctum["segments"]) == 60
     assert headers["X-Sanctum-Attempts"].endswith(f"{seats[0]}=streaming")
     assert rig.tries() == tries
-    assert elapsed < 2.0 + (1.0 if "retry_after=1" in script[0] else 0.0), elapsed
 
 
 def test_a_content_filter_400_is_the_clients_answer(make_rig: MakeRig) -> None:
