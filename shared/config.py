@@ -30,7 +30,23 @@ class ConfigError(ValueError):
 class ProxyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     listen: str = "127.0.0.1:8800"
     tokenizer_margin: Annotated[int, msgspec.Meta(ge=0)] = 64
+    # Client keys (proxyd/auth.py): comma-separated in the variable api_keys_env
+    # names, and/or one per line in api_keys_file (with optional route allow-lists
+    # and request rates).  Neither set: no authentication.  Never in this file.
     api_keys_env: str | None = None
+    api_keys_file: str | None = None
+    # A request whose every ready-able rung is still loading waits this long for one
+    # to be ready, then gets 503 `loading` with Retry-After; 0 = answer at once.
+    load_wait_s: Annotated[float, msgspec.Meta(ge=0)] = 60.0
+    # Input limits of the HTTP doors: bigger is refused with 400 or 413 naming the field.
+    max_body_bytes: PositiveInt = 8 * 1024 * 1024
+    max_messages: PositiveInt = 1024
+    max_content_chars: PositiveInt = 1024 * 1024   # one message's text, or one prompt
+    max_completion_tokens: PositiveInt = 65536     # the largest max_tokens one may ask
+    max_stop: PositiveInt = 16
+    max_stop_chars: PositiveInt = 256
+    max_tools: PositiveInt = 128
+    max_schema_bytes: PositiveInt = 64 * 1024      # one tool's parameters, or a schema
     # Hosted rungs are counted by an upper-bound estimate, so they hold back more.
     hosted_margin: Annotated[int, msgspec.Meta(ge=0)] = 1024
     # Seconds between the proxy's pings to each seat; a seat silent for
@@ -82,6 +98,10 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # The proxy's own cap for this seat; by default the seat's cap less the margin.
     proxy_max_prompt_tokens: PositiveInt | None = None
     memory_budget_mb: PositiveInt | None = None
+    # A model or tokenizer folder that names code of its own (config.json's
+    # `model_file` or `auto_map`, tokenizer_config.json's `auto_map`) is refused
+    # unless this is true: that code would run in the worker.
+    trust_remote_code: bool = False
     # both kinds; unset = the kind's default (`first_token_s`, `stall_s`).  A local
     # seat's first-token clock starts when it takes the request off its queue (before
     # that, queue_timeout_s applies); a hosted rung's when the request is sent, so a
