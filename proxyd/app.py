@@ -16,24 +16,25 @@ import msgspec
 import structlog
 from aiohttp import web
 
+from proxyd.auth import auth
 from proxyd.counters import render_metrics
 from proxyd.front import serve
 from proxyd.hosted import HostedClient
 from proxyd.openai_api import overrides, parse_chat, parse_completion, tools_json
-from proxyd.proxy import Proxy
+from proxyd.proxy import PROXY, Proxy
+from proxyd.readiness import health, live
 from proxyd.responses import ChatDoor, CompletionDoor, Door
 from proxyd.seat_client import SeatClient
 from shared.clock import Clock
 from shared.clock import monotonic as real_clock
 from shared.config import Config, RouteConfig
-from shared.errors import NotFound, SanctumError, Unauthorized
+from shared.errors import NotFound, SanctumError
 from shared.protocol import Generate
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-PROXY = web.AppKey("proxy", Proxy)
 RID = web.RequestKey("request_id", str)
 
 
@@ -72,17 +73,6 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         body = {"error": {"message": exc.reason, "type": "invalid_request_error",
                           "code": exc.reason.lower().replace(" ", "_"), "param": None}}
         return json_response(body, exc.status)
-
-
-@web.middleware
-async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    keys = request.app[PROXY].api_keys
-    if keys and request.path != "/health":
-        given = request.headers.get("Authorization", "")
-        token = given[7:].strip() if given.lower().startswith("bearer ") else ""
-        if token not in keys:
-            raise Unauthorized("missing or unknown API key")
-    return await handler(request)
 
 
 # -- handlers -------------------------------------------------------------
@@ -135,24 +125,6 @@ async def models(request: web.Request) -> web.Response:
     return json_response({"object": "list", "data": data})
 
 
-async def health(request: web.Request) -> web.Response:
-    proxy = request.app[PROXY]
-    seats: dict[str, dict[str, Any]] = {}
-    for name, c in proxy.clients.items():
-        if not isinstance(c, SeatClient):
-            continue
-        pong = c.pong
-        seats[name] = {"ready": c.ready, "alive": c.alive, "busy": bool(pong and pong.busy),
-                       "incarnation": pong.incarnation if pong else None,
-                       "pid": pong.pid if pong else None,
-                       "queued": pong.queued if pong else 0,
-                       "rows": pong.rows if pong else 0,
-                       "max_batch": pong.max_batch if pong else 0,
-                       "kv_bytes": pong.kv_bytes if pong else 0}
-    ready = any(s["ready"] for s in seats.values())
-    return json_response({"status": "ok" if ready else "degraded", "seats": seats})
-
-
 async def counters(request: web.Request) -> web.Response:
     proxy = request.app[PROXY]
     snapshot = proxy.counters.snapshot()
@@ -192,6 +164,7 @@ def make_app(config: Config, clock: Clock = real_clock) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_get("/health/live", live)
     app.router.add_get("/counters", counters)
     app.router.add_get("/metrics", metrics)
     return app

@@ -28,7 +28,18 @@ LABELLED: dict[str, tuple[str, ...]] = {
     # a stream that broke after its commit and was continued by another rung: why, and
     # from which rung to which (counted when the continuing rung sends its first text)
     "continuations": ("reason", "from_seat", "to_seat"),
+    # requests refused at the door: a missing or unknown key, a route the key may not
+    # use (proxyd/auth.py); a key over its request rate, by the key's name (never the
+    # key); a field over its limit (proxyd/limits.py)
+    "auth_failures": ("reason",),
+    "rate_limited": ("key",),
+    "input_refused": ("field",),
+    # requests that found their route still loading: how the wait ended (ready, timeout)
+    "load_waits": ("outcome",),
 }
+# Labelled counters shown in /counters as {label: count}.
+ONE_LABEL = ("answered_by", "fallbacks", "auth_failures", "rate_limited", "input_refused",
+             "load_waits")
 
 
 class ProxyCounters:
@@ -50,8 +61,8 @@ class ProxyCounters:
 
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.plain)
-        out["answered_by"] = {k[0]: v for k, v in self.labelled["answered_by"].items()}
-        out["fallbacks"] = {k[0]: v for k, v in self.labelled["fallbacks"].items()}
+        for name in ONE_LABEL:
+            out[name] = {k[0]: v for k, v in self.labelled[name].items()}
         attempts: dict[str, dict[str, int]] = {}
         for (seat, outcome), v in self.labelled["attempts"].items():
             attempts.setdefault(seat, {})[outcome] = v

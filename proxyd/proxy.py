@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from aiohttp import web
 
 from proxyd import breaker
 from proxyd.admission import Admission
@@ -117,3 +118,6 @@ class Proxy:
 
 def hosted_seats(config: Config) -> list[SeatConfig]:
     return [s for s in config.seat if s.kind == "openai"]
+
+
+PROXY = web.AppKey("proxy", Proxy)
