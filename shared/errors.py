@@ -4,12 +4,16 @@
     ├── ClientError                    4xx: returned as is, never a fallback
     │   ├── BadRequest                 400 invalid_request_error
     │   ├── Unauthorized               401 invalid_request_error / invalid_api_key
+    │   ├── Forbidden                  403 permission_error / route_not_allowed
     │   ├── NotFound                   404 invalid_request_error / model_not_found
-    │   └── PromptTooLong              413 invalid_request_error / prompt_too_long
+    │   ├── PayloadTooLarge            413 invalid_request_error / payload_too_large
+    │   ├── PromptTooLong              413 invalid_request_error / prompt_too_long
+    │   └── RateLimited                429 rate_limit_error / rate_limited (Retry-After)
     └── ServiceError                   5xx: every allowed rung failed
         ├── NoPrivateSeat              503 no_private_seat
         ├── AllRungsFailed             503 all_rungs_failed
-        └── Overloaded                 503 overloaded (Retry-After)
+        ├── Overloaded                 503 overloaded (Retry-After)
+        └── Loading                    503 loading (Retry-After): the route's seats load
 
 Seat outcomes map onto it: `Rejected(status, code)` becomes a ClientError with
 that status and code; `Failed` on the last rung becomes a ServiceError.
@@ -68,14 +72,37 @@ class Unauthorized(ClientError):
     code = "invalid_api_key"
 
 
+class Forbidden(ClientError):
+    status = 403
+    type = "permission_error"
+    code = "route_not_allowed"
+
+
 class NotFound(ClientError):
     status = 404
     code = "model_not_found"
 
 
+class PayloadTooLarge(ClientError):
+    status = 413
+    code = "payload_too_large"
+
+
 class PromptTooLong(ClientError):
     status = 413
     code = "prompt_too_long"
+
+
+class RateLimited(ClientError):
+    """The key is over its request rate; `retry_after_s` says when a request fits."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1, **extra: Any) -> None:
+        super().__init__(message, **extra)
+        self.retry_after_s = retry_after_s
 
 
 class ServiceError(SanctumError):
@@ -97,6 +124,16 @@ class Overloaded(ServiceError):
 
     code = "overloaded"
     retry_after_s = 1
+
+
+class Loading(ServiceError):
+    """No rung of the route is ready yet, and some are loading: nothing failed."""
+
+    code = "loading"
+
+    def __init__(self, message: str, *, retry_after_s: int = 5, **extra: Any) -> None:
+        super().__init__(message, **extra)
+        self.retry_after_s = retry_after_s
 
 
 def client_error(status: int, code: str, message: str, **extra: Any) -> ClientError:
