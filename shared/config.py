@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from shared.endpoints import EndpointError, parse_endpoint
+
 DEFAULT_CONFIG_NAME = "default_config.toml"
 
 Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -59,6 +61,10 @@ class ProxyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     breaker_threshold: PositiveInt = 3
     breaker_cooldown_s: Positive = 1.0
     breaker_cooldown_max_s: Positive = 30.0
+    # This proxy's own CURVE key pair (its secret certificate, `sanctum keys`), shown to
+    # seats marked `remote`; their seatd's machine lists its public half in the seat's
+    # curve_clients.  Local seats are reached with their own key pair instead.
+    curve_cert: str | None = None
 
 
 class SeatdConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -102,6 +108,22 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # `model_file` or `auto_map`, tokenizer_config.json's `auto_map`) is refused
     # unless this is true: that code would run in the worker.
     trust_remote_code: bool = False
+    # local (mlx) seats: where the worker listens (shared/endpoints.py).  Unset: an ipc
+    # socket in the state directory.  "tcp://HOST:PORT": the worker binds there on the
+    # machine whose seatd runs it and the proxy connects there; a host other than
+    # loopback needs CURVE keys (curve_cert).  The same string on both machines.
+    endpoint: str | None = None
+    # The proxy's side of a seat that seatd runs on another machine: this machine's
+    # seatd neither spawns nor watches it; proxyd connects to `endpoint` and heartbeats.
+    remote: bool = False
+    # CURVE (shared/curve.py), files made by `sanctum keys`.  The seat's certificate:
+    # where seatd runs the seat, its secret one (NAME.key_secret, mode 0600); on the
+    # proxy's machine of a remote seat, its public one (NAME.key).  curve_clients, where
+    # seatd runs the seat: a folder of the public certificates of the clients allowed
+    # in besides the seat's own key pair (which its seatd and a proxyd on that machine
+    # use), i.e. the remote proxies' proxy.curve_cert halves.
+    curve_cert: str | None = None
+    curve_clients: str | None = None
     # both kinds; unset = the kind's default (`first_token_s`, `stall_s`).  A local
     # seat's first-token clock starts when it takes the request off its queue (before
     # that, queue_timeout_s applies); a hosted rung's when the request is sent, so a
@@ -189,6 +211,11 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def local_seats(self) -> list[SeatConfig]:
         return [s for s in self.seat if s.kind == "mlx"]
 
+    @property
+    def supervised_seats(self) -> list[SeatConfig]:
+        """The local seats this machine's seatd runs (not those marked remote)."""
+        return [s for s in self.local_seats if not s.remote]
+
 
 def _check(config: Config) -> None:
     names = [s.name for s in config.seat]
@@ -210,8 +237,21 @@ def _check(config: Config) -> None:
                 raise ConfigError(f"{where}.base_url: a hosted seat needs base_url")
             if seat.model is not None or seat.drafter is not None:
                 raise ConfigError(f"{where}.model: a hosted seat uses upstream_model")
+            for key in ("endpoint", "curve_cert", "curve_clients"):
+                if getattr(seat, key) is not None:
+                    raise ConfigError(f"{where}.{key}: only for local (mlx) seats")
+            if seat.remote:
+                raise ConfigError(f"{where}.remote: only for local (mlx) seats")
+        _check_endpoint(config, seat, where)
         if seat.drafter is not None and seat.drafter.kind == "model" and not seat.drafter.path:
             raise ConfigError(f"{where}.drafter.path: a model drafter needs a path")
+    bound: dict[str, str] = {}
+    for seat in config.seat:
+        if seat.endpoint is not None:
+            if seat.endpoint in bound:
+                raise ConfigError(f"seat {seat.name}.endpoint: {seat.endpoint} is seat "
+                                  f"{bound[seat.endpoint]}'s already")
+            bound[seat.endpoint] = seat.name
     routes = [r.model for r in config.route]
     for i, route in enumerate(config.route):
         if route.model in routes[:i]:
@@ -222,6 +262,35 @@ def _check(config: Config) -> None:
     host, _, port = config.proxy.listen.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"proxy.listen: expected HOST:PORT, got {config.proxy.listen!r}")
+
+
+def _check_endpoint(config: Config, seat: SeatConfig, where: str) -> None:
+    """Endpoint and CURVE keys of one seat: the rules that need no file (the files
+    themselves are `sanctum check`'s, shared/capcheck.py)."""
+    if seat.endpoint is None:
+        if seat.remote:
+            raise ConfigError(f"{where}.endpoint: a remote seat needs its tcp:// endpoint")
+        for key in ("curve_cert", "curve_clients"):
+            if getattr(seat, key) is not None:
+                raise ConfigError(f"{where}.{key}: CURVE keys are for a tcp:// endpoint")
+        return
+    try:
+        loopback = parse_endpoint(seat.endpoint).loopback
+    except EndpointError as exc:
+        raise ConfigError(f"{where}.endpoint: {exc}") from None
+    if not loopback and seat.curve_cert is None:
+        raise ConfigError(
+            f"{where}.endpoint: {seat.endpoint} is not a loopback address, so it needs "
+            "CURVE keys: set curve_cert (and, where seatd runs the seat, curve_clients); "
+            "`sanctum keys DIR` makes them")
+    if seat.remote and seat.curve_clients is not None:
+        raise ConfigError(f"{where}.curve_clients: the allowed clients are listed where "
+                          "seatd runs the seat, not on the proxy's side of a remote seat")
+    if seat.remote and seat.curve_cert is not None and config.proxy.curve_cert is None:
+        raise ConfigError(f"{where}.curve_cert: a remote seat with CURVE keys needs "
+                          "proxy.curve_cert, this proxy's own key pair")
+    if seat.curve_clients is not None and seat.curve_cert is None:
+        raise ConfigError(f"{where}.curve_clients: needs curve_cert, the seat's own key pair")
 
 
 def parse_config(text: str, base_dir: str = "") -> Config:
@@ -277,6 +346,10 @@ def state_dir(config: Config) -> Path:
 
 
 def worker_endpoint(config: Config, seat: str) -> str:
+    """The seat's `endpoint` when it names one, else its ipc socket in the state dir."""
+    chosen = next((s.endpoint for s in config.seat if s.name == seat), None)
+    if chosen is not None:
+        return chosen
     return f"ipc://{state_dir(config) / f'seat-{seat}.sock'}"
 
 
