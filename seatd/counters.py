@@ -8,7 +8,6 @@ totals, so `served` never goes backwards.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import structlog
 
 from shared.caps import summarise
+from shared.private_files import write_private
 
 log = structlog.get_logger()
 
@@ -34,6 +34,7 @@ PLAIN = (
     "prompt_cache_hits",
     "prompt_cache_reused_tokens",
     "bad_frames",
+    "curve_denied",  # clients refused by the seat's CURVE handler (shared/curve.py)
 )
 LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens", "batch_steps")
 # Prompt lengths of refused (413) prompts kept for the median; the count is exact.
@@ -152,6 +153,5 @@ class SeatCounters:
     def persist(self) -> None:
         if self.path is None:
             return
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({**self.snapshot(), "refused_sample": self.refused_sample}))
-        os.replace(tmp, self.path)
+        write_private(self.path,
+                      json.dumps({**self.snapshot(), "refused_sample": self.refused_sample}))

@@ -9,9 +9,10 @@ go backwards.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from shared.private_files import write_private
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,4 @@ def load(path: Path) -> Totals:
 
 
 def save(path: Path, totals: Totals) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(asdict(totals)))
-    os.replace(tmp, path)
+    write_private(path, json.dumps(asdict(totals)))

@@ -12,6 +12,8 @@ import os
 import signal
 from pathlib import Path
 
+from shared.private_files import write_private
+
 OK = 0
 CRASH = 1
 CONFIG = 78  # sysexits EX_CONFIG
@@ -51,11 +53,8 @@ def record_reason(text: str) -> None:
     if not target:
         return
     line = " ".join(text.split())[:REASON_MAX]
-    path = Path(target)
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(line + "\n")
-        os.replace(tmp, path)
+        write_private(Path(target), line + "\n")
     except OSError:
         pass
 

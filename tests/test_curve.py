@@ -8,9 +8,11 @@ Only loopback is ever connected to; 192.0.2.10 (TEST-NET-1) is only parsed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ import pytest
 from shared import curve
 from shared.config import ConfigError, parse_config, worker_endpoint
 from shared.endpoints import EndpointError, is_loopback, needs_keys, parse_endpoint
+from shared.private_files import make_private_dir, write_private
 
 MODEL = os.environ.get("SANCTUM_TEST_MODEL", "builtin:demo")
 
@@ -156,3 +159,63 @@ endpoint = "tcp://127.0.0.1:5555"
 """
     with pytest.raises(ConfigError, match="is seat far's already"):
         parse_config(text)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_state_dir_is_made_private_and_a_loose_one_tightened(tmp_path: Path) -> None:
+    """A new state directory (and its missing parents' leaf) is 0700 whatever the umask;
+    one left 0755 by an older run is tightened to 0700."""
+    old = os.umask(0)
+    try:
+        fresh = make_private_dir(tmp_path / "a" / "state")
+        assert _mode(fresh) == 0o700
+        loose = tmp_path / "loose"
+        loose.mkdir(mode=0o755)
+        assert _mode(loose) == 0o755
+        make_private_dir(loose)
+        assert _mode(loose) == 0o700
+    finally:
+        os.umask(old)
+
+
+def test_state_files_are_written_0600_whatever_the_umask(tmp_path: Path) -> None:
+    """A state file is 0600 from its first byte, also when it replaces a looser file or
+    a stale temporary one; seatd's own writers (counters, restart totals, exit
+    reasons) all go through it."""
+    from seatd import ledger
+    from seatd.counters import SeatCounters
+    from shared import exitcodes
+
+    old = os.umask(0)
+    try:
+        target = tmp_path / "f.json"
+        target.write_text("{}")
+        target.chmod(0o666)
+        (tmp_path / "f.json.tmp").write_text("stale")
+        (tmp_path / "f.json.tmp").chmod(0o666)
+        write_private(target, '{"a": 1}')
+        assert (_mode(target), target.read_text()) == (0o600, '{"a": 1}')
+        assert not (tmp_path / "f.json.tmp").exists()
+
+        counters = SeatCounters("s", tmp_path / "counters-s.json")
+        counters.inc("served")
+        counters.persist()
+        ledger.save(tmp_path / "totals-s.json", ledger.Totals(2, 1))
+        reason = tmp_path / "exit-s.reason"
+        os.environ[exitcodes.REASON_ENV] = str(reason)
+        try:
+            exitcodes.record_reason("config_error: x")
+        finally:
+            del os.environ[exitcodes.REASON_ENV]
+        written = sorted(tmp_path.iterdir())
+        assert [p.name for p in written] == ["counters-s.json", "exit-s.reason", "f.json",
+                                             "totals-s.json"]
+        assert {p.name: _mode(p) for p in written} == dict.fromkeys(
+            (p.name for p in written), 0o600)
+        assert json.loads((tmp_path / "counters-s.json").read_text())["served"] == 1
+        assert ledger.load(tmp_path / "totals-s.json") == ledger.Totals(2, 1)
+    finally:
+        os.umask(old)
