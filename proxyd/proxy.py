@@ -21,9 +21,11 @@ from proxyd.admission import Admission
 from proxyd.breaker import Breaker, BreakerPolicy
 from proxyd.counters import ProxyCounters
 from proxyd.hosted import HostedClient
+from proxyd.keys import KeyRing, load_keys
 from proxyd.ladder import Health, breaker_verdict
 from proxyd.seat_client import SeatClient
 from shared import clock as clocks
+from shared import curve
 from shared.clock import Clock
 from shared.config import Config, SeatConfig, control_endpoint, worker_endpoint
 from shared.protocol import GetCounters, Outcome, control_reply_decoder, encode
@@ -48,9 +50,9 @@ class Proxy:
                                             config.proxy.breaker_cooldown_s,
                                             config.proxy.breaker_cooldown_max_s)
         self.ctx: zmq.asyncio.Context | None = None
-        keys_env = config.proxy.api_keys_env
-        raw = os.environ.get(keys_env, "") if keys_env else ""
-        self.api_keys = {k.strip() for k in raw.split(",") if k.strip()}
+        # Client keys (proxyd/keys.py) and, per rate-limited key, its recent requests.
+        self.keys: KeyRing = load_keys(config, os.environ)
+        self.rate_windows: dict[str, tuple[float, ...]] = {}
 
     async def start(self) -> None:
         await self.admission.start()
@@ -58,7 +60,8 @@ class Proxy:
         p = self.config.proxy
         for seat in self.config.local_seats:
             client = SeatClient(seat.name, worker_endpoint(self.config, seat.name), self.ctx,
-                                p.heartbeat_s, p.liveness, seat.queue_timeout_s, self.clock)
+                                p.heartbeat_s, p.liveness, seat.queue_timeout_s, self.clock,
+                                curve.client_keys(self.config, seat, proxy=True))
             client.start()
             self.clients[seat.name] = client
         for seat in hosted_seats(self.config):
