@@ -10,14 +10,88 @@ Directions:
     sanctum CLI     --Control-->  seatd control socket  --ControlReply-->
 
 A frame that does not decode is answered with `BadFrame` and counted by the
-receiver; it is never fatal to it.
+receiver; it is never fatal to it.  What every receiver does with a bad frame is
+decided once, by the pure readers at the end of this module (`read_request`,
+`read_control`), which never raise:
+
+    bad input                                  reason          answer
+    ---------------------------------------    -------------   -----------------------
+    not [identity, payload] on a seat socket   wrong_parts     BadFrame
+      (not [identity, "", payload] on seatd's)                 ControlError
+    empty payload, truncated or invalid        undecodable     BadFrame / ControlError
+      msgpack, not a map, no tag, unknown tag
+    `version` other than PROTOCOL_VERSION      wrong_version   BadFrame / ControlError
+    a known tag with a field of the wrong      invalid_value   Final(Rejected 400
+      type or out of its bounds (below)                          invalid_value) for a
+                                                               Generate whose id reads,
+                                                               else BadFrame /
+                                                               ControlError
+    a frame over the socket's MAXMSGSIZE       (none: ZeroMQ   the sender's connection
+      (`max_frame_bytes`)                       drops it)        is dropped
+
+A `BadFrame` names its `reason`, and the request it was about when its id reads, so
+that a peer ends that request at once instead of waiting for its clock.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+
+# ---------------------------------------------------------------------------
+# Versions and bounds: what a receiver accepts, in one place.
+
+# The frames that begin a conversation (Ping, Generate) say which protocol they speak;
+# a frame without `version` is from a peer older than versions: version 1.  A change
+# an older peer cannot decode raises it.
+PROTOCOL_VERSION = 1
+
+# Bounds on the values that would break a seat later (a negative budget, a sort of
+# NaNs, an embedding row that does not exist, a stop scan that costs seconds a token).
+# The proxy checks client input against its own, stricter limits (proxyd/openai_api.py,
+# the config's max_* keys) first, so a frame from it never meets these: a value past
+# them is a peer's bug, answered with Rejected(400, "invalid_value") naming the field.
+INT64_MAX = 2**63 - 1
+MAX_REQUEST_ID_CHARS = 128  # the proxy's ids are at most 64 (X-Request-Id) or 32 (uuid4)
+MAX_TEMPERATURE = 100.0  # any finite one samples; past 100 every answer is noise anyway
+MAX_NEW_TOKENS = 2**31 - 1  # MLX counts positions in int32; config max_completion_tokens
+MAX_STOPS = 64  # config max_stop (16 by default) must stay within these two
+MAX_STOP_CHARS = 1024  # config max_stop_chars (256 by default)
+MAX_DRAFT_DEPTH = 16  # as config's seat draft_depth and the request's sanctum.draft_depth
+MAX_TOKEN_ID = 2**31 - 1  # the seat also holds ids to its own vocabulary
+
+RequestId = Annotated[str, msgspec.Meta(max_length=MAX_REQUEST_ID_CHARS)]
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TEMPERATURE)]  # NaN fails both
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+TopK = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]  # 0: off; past the vocabulary: off
+MaxNewTokens = Annotated[int, msgspec.Meta(ge=1, le=MAX_NEW_TOKENS)]
+Seed = int  # any: msgpack carries -2**63 .. 2**64-1, and the seat masks it to 64 bits
+StopText = Annotated[str, msgspec.Meta(max_length=MAX_STOP_CHARS)]
+Stops = Annotated[tuple[StopText, ...], msgspec.Meta(max_length=MAX_STOPS)]
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
+DraftDepth = Annotated[int, msgspec.Meta(ge=0, le=MAX_DRAFT_DEPTH)]
+KVLane = Literal["fp16", "q8"]
+
+# The largest frame a seat's socket takes (ZMQ_MAXMSGSIZE); a larger one drops its
+# sender's connection before a byte of it is buffered for decoding.  A Generate holds
+# the client's body decoded (its text is never longer than the JSON that carried it;
+# msgpack's per-field overhead can be larger than JSON's, so twice the body covers it)
+# and, for a continued answer, the text and ids already sent: at most
+# max_completion_tokens tokens of at most TOKEN_TEXT_BYTES each (no tokenizer we know
+# has tokens near that) and ID_BYTES each as msgpack ints.  The default config's
+# limits (8 MiB body, 65,536 tokens) give 34.4 MB.
+TOKEN_TEXT_BYTES = 256
+ID_BYTES = 9
+FRAME_HEADROOM_BYTES = 1 << 20
+# seatd's control socket takes only small frames (a status query, a seat's name).
+CONTROL_MAX_FRAME_BYTES = 64 * 1024
+
+
+def max_frame_bytes(max_body_bytes: int, max_completion_tokens: int) -> int:
+    """The bound of a seat's request frames, for the proxy's body and answer limits."""
+    answer = max_completion_tokens * (TOKEN_TEXT_BYTES + ID_BYTES)
+    return 2 * max_body_bytes + answer + FRAME_HEADROOM_BYTES
 
 # ---------------------------------------------------------------------------
 # Pieces shared by several messages
@@ -30,12 +104,12 @@ class ChatMessage(msgspec.Struct, frozen=True):
 
 
 class SamplingParams(msgspec.Struct, frozen=True):
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int = 256
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    max_tokens: MaxNewTokens = 256
+    stop: Stops = ()
+    seed: Seed | None = None
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -80,19 +154,19 @@ Outcome = Ok | Rejected | Failed | Cancelled
 
 
 class Generate(msgspec.Struct, frozen=True, tag="generate"):
-    request_id: str
+    request_id: RequestId
     stream: bool
     params: SamplingParams
     messages: tuple[ChatMessage, ...] | None = None
     prompt: str | None = None
-    kv: str | None = None
+    kv: KVLane | None = None
     speculation: bool | None = None
     # The request's tools as JSON, rendered by the chat template like the messages.
     tools_json: str | None = None
     # False: this request neither reuses nor leaves a cached prompt prefix.
     prompt_cache: bool | None = None
     # Pins this request's draft length (0..16), for measuring; None: the seat's rule.
-    draft_depth: int | None = None
+    draft_depth: DraftDepth | None = None
     # True: a row of its own, never in a forward with other requests (seatd/batch.py).
     solo: bool | None = None
     # A continued answer (another rung began it and failed mid-stream): the text the
@@ -103,15 +177,17 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     prefix: str | None = None
     # The prefix's tokens as the seat that produced them sent them (only from a seat
     # with the same tokenizer); None: the seat encodes `prefix` itself.
-    prefix_ids: tuple[int, ...] | None = None
+    prefix_ids: tuple[TokenId, ...] | None = None
+    version: int = 1  # the sender's PROTOCOL_VERSION; absent: a peer older than versions
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
-    request_id: str
+    request_id: RequestId
 
 
 class Ping(msgspec.Struct, frozen=True, tag="ping"):
     sent_at: float = 0.0
+    version: int = 1  # as Generate.version
 
 
 class GetCounters(msgspec.Struct, frozen=True, tag="get_counters"):
@@ -204,7 +280,12 @@ class CountersReply(msgspec.Struct, frozen=True, tag="counters"):
 
 
 class BadFrame(msgspec.Struct, frozen=True, tag="bad_frame"):
+    """A frame the seat could not take; its shape stays the same in every version."""
+
     error: str
+    reason: str = ""  # BAD_FRAME_REASONS
+    request_id: str = ""  # the request it was about, when its id reads
+    speaks: int = PROTOCOL_VERSION  # the protocol version of the seat that refused it
 
 
 Reply = Pong | Started | Chunk | Final | CountersReply | BadFrame
@@ -274,10 +355,12 @@ class SeatStatus(msgspec.Struct, frozen=True):
 
 class StatusReply(msgspec.Struct, frozen=True, tag="status_reply"):
     seats: tuple[SeatStatus, ...]
+    bad_frames: int = 0  # frames the control socket refused since seatd started
 
 
 class ControlError(msgspec.Struct, frozen=True, tag="control_error"):
     error: str
+    reason: str = ""  # BAD_FRAME_REASONS, for a frame seatd could not take
 
 
 class ControlOk(msgspec.Struct, frozen=True, tag="control_ok"):
@@ -305,4 +388,131 @@ def encode(message: msgspec.Struct) -> bytes:
     return _encoder.encode(message)
 
 
+# ---------------------------------------------------------------------------
+# Readers: every receiver's one way from bytes to a message.  Pure, and they never
+# raise: the result is a message, or a `Refused` that the receiver counts (by its
+# reason) and answers (seat side: shared/seat_side.py; seatd: ControlError).
+
+BAD_FRAME_REASONS = ("wrong_parts", "undecodable", "wrong_version", "invalid_value")
+ERROR_CHARS = 300  # an error names the bad value; a 10-MB one is not sent back whole
+
+
+class Refused(msgspec.Struct, frozen=True):
+    """A frame that was not taken, and why.  Never sent: it is what a reader returns."""
+
+    reason: str  # one of BAD_FRAME_REASONS
+    error: str
+    # The id of a Generate whose id reads: it is answered as that request (a Final).
+    request_id: str | None = None
+
+
+class _Head(msgspec.Struct):
+    """What can be read of any map, to say why its frame did not decode."""
+
+    type: Any = None
+    version: Any = 1
+    request_id: Any = None
+
+
+_head_decoder = msgspec.msgpack.Decoder(_Head)
+
+
+def _tags(union: Any) -> frozenset[str]:
+    return frozenset(cls.__struct_config__.tag for cls in union.__args__)
+
+
+REQUEST_TAGS = _tags(Request)
+CONTROL_TAGS = _tags(Control)
+REPLY_TAGS = _tags(Reply)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= ERROR_CHARS else text[:ERROR_CHARS] + "..."
+
+
+def _wrong_version(version: object) -> str:
+    return _short(f"protocol version {version!r}; this peer speaks version {PROTOCOL_VERSION}")
+
+
+def _generate_id(head: _Head) -> str | None:
+    rid = head.request_id
+    if head.type == "generate" and isinstance(rid, str) and len(rid) <= MAX_REQUEST_ID_CHARS:
+        return rid
+    return None
+
+
+def _why(payload: bytes, error: str, tags: frozenset[str]) -> Refused:
+    """A frame that parsed as msgpack but is no message: which bad input it is."""
+    try:
+        head = _head_decoder.decode(payload)
+    except Exception:  # not a map at all (a list, an int, a string)
+        return Refused("undecodable", _short(f"not a message: {error}"))
+    rid = _generate_id(head)
+    if head.version != PROTOCOL_VERSION:
+        return Refused("wrong_version", _wrong_version(head.version), rid)
+    if head.type not in tags:
+        what = "no message type" if head.type is None else f"unknown message type {head.type!r}"
+        return Refused("undecodable", _short(what))
+    return Refused("invalid_value", _short(f"invalid {head.type}: {error}"), rid)
+
+
+def _read(decoder: msgspec.msgpack.Decoder[Any], payload: bytes,
+          tags: frozenset[str]) -> Any:
+    if not payload:
+        return Refused("undecodable", "empty payload")
+    try:
+        message = decoder.decode(payload)
+    except msgspec.ValidationError as exc:
+        return _why(payload, str(exc), tags)
+    except Exception as exc:  # DecodeError, or anything else hostile bytes provoke
+        return Refused("undecodable", _short(f"not msgpack: {exc}"))
+    version = getattr(message, "version", PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        rid = message.request_id if isinstance(message, Generate) else None
+        return Refused("wrong_version", _wrong_version(version), rid)
+    return message
+
+
+def read_request(payload: bytes) -> Request | Refused:
+    """A seat's request frame: the message, or why it was refused."""
+    result: Request | Refused = _read(request_decoder, payload, REQUEST_TAGS)
+    return result
+
+
+def read_control(payload: bytes) -> Control | Refused:
+    """A frame on seatd's control socket: the message, or why it was refused."""
+    result: Control | Refused = _read(control_decoder, payload, CONTROL_TAGS)
+    return result
+
+
+def read_reply(payload: bytes) -> Reply | Refused:
+    """A seat's reply, as its peers (the proxy, seatd's heartbeat) read it."""
+    result: Reply | Refused = _read(reply_decoder, payload, REPLY_TAGS)
+    return result
+
+
+def payload_of(frames: list[bytes], delimited: bool) -> bytes | Refused:
+    """The payload of a ROUTER's multipart message: [identity, payload] from a DEALER,
+    or [identity, "", payload] from a REQ peer (`delimited`, seatd's control socket)."""
+    shape = 3 if delimited else 2
+    if len(frames) == shape and (not delimited or frames[1] == b""):
+        return frames[-1]
+    want = "[identity, empty, payload]" if delimited else "[identity, payload]"
+    parts = max(len(frames) - 1, 0)
+    return Refused("wrong_parts", f"a frame of {parts} parts after the identity; "
+                                  f"expected {want}")
+
+
+def read_control_frames(frames: list[bytes]) -> Control | Refused:
+    """A ROUTER's multipart message on seatd's control socket (from a REQ peer, or a
+    DEALER that sends the empty delimiter as the CLI's REQ does)."""
+    payload = payload_of(frames, delimited=True)
+    return payload if isinstance(payload, Refused) else read_control(payload)
+
+
+def control_refusal(refused: Refused) -> ControlError:
+    return ControlError(f"bad control frame: {refused.error}", refused.reason)
+
+
 SpeculationState = Literal["accelerated", "off"] | str
+

@@ -79,7 +79,10 @@ class NullSeat:
         pass  # every request is answered before its cancel could arrive
 
     def counters(self) -> dict[str, object]:
-        return {"served": self.served}
+        return {"served": self.served, "bad_frames": self.socket.bad_frames}
+
+    def stamp(self) -> tuple[int, int]:
+        return self.served, 1
 
     def tick(self) -> float | None:
         return None

@@ -75,7 +75,11 @@ class FakeSeat:
                     ping.sent_at, 4096, 8192, "fake")
 
     def counters(self) -> dict[str, object]:
-        return {"served": self.served, "incarnation": self.incarnation}
+        return {"served": self.served, "incarnation": self.incarnation,
+                "bad_frames": self.socket.bad_frames}
+
+    def stamp(self) -> tuple[int, int]:
+        return self.served, self.incarnation
 
     def cancel(self, identity: bytes, rid: str) -> None:
         self.note(event="cancel", request_id=rid, tokens=self.active.get(rid, (b"", 0))[1])
