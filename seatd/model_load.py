@@ -8,10 +8,19 @@ The seat decides how weights are held for compute. Per-device default ("auto"):
 - GPU: keep quantized weights as stored and the stored dtype (bfloat16 for the demo).
 An explicit dtype casts the floating weights to it; on CPU quantized layers are still
 dequantized first.
+
+A folder that names code of its own (shared/model_trust.py) is refused before mlx-lm
+reads it, unless the caller trusts it; trust is then passed to mlx-lm's model loader
+and to the tokenizer's (mlx-lm's `load` passes it to the model loader only).
+
+Weights are read lazily and evaluated here in pieces, so a large model says how far
+it has got (`model_loading_progress`, every few seconds) instead of going quiet.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +35,7 @@ from mlx_lm.utils import dequantize_model, load
 
 from seatd import dtype_check, recurrent
 from shared.builtin import tokenizer_hash
+from shared.model_trust import UntrustedCode, own_code
 
 log = structlog.get_logger()
 
@@ -35,6 +45,11 @@ COMPUTE_DTYPES: dict[str, mx.Dtype] = {
     "float16": mx.float16,
 }
 ALLOWED = ("auto", *COMPUTE_DTYPES)
+
+GB = 1e9
+PROGRESS_OVER_BYTES = 1 << 30  # weights this large say how far loading has got
+PROGRESS_EVERY_S = 5.0
+EVAL_PIECE_BYTES = 256 << 20  # evaluated together: few enough calls, a steady progress
 
 
 @dataclass(frozen=True)
@@ -84,20 +99,83 @@ def _cast(model: Any, dtype: mx.Dtype) -> None:
     model.update(tree_map(cast, model.parameters()))
 
 
-def load_for_compute(model_dir: Path, compute_dtype: str | None = None) -> LoadedModel:
-    """Load an mlx-lm model directory and hold its weights as this device computes best."""
+def weight_files(model_dir: Path) -> list[Path]:
+    """The safetensors mlx-lm reads (its own glob)."""
+    return sorted(Path(model_dir).glob("model*.safetensors"))
+
+
+def progress_due(last: float, now: float, total_bytes: int, over_bytes: int,
+                 every_s: float) -> bool:
+    """Whether to log loading progress now: large weights only, every few seconds."""
+    return total_bytes >= over_bytes and now - last >= every_s
+
+
+def _materialize(model: Any, report: Callable[[int, int], None]) -> int:
+    """Evaluate the (lazy) parameters in pieces, `report(done, total)` after each;
+    the bytes they hold."""
+    seen: set[int] = set()
+    arrays: list[mx.array] = []
+    flat: Any = tree_flatten(model.parameters())
+    for _, a in flat:
+        if isinstance(a, mx.array) and id(a) not in seen:  # tied weights appear twice
+            seen.add(id(a))
+            arrays.append(a)
+    total = sum(a.nbytes for a in arrays)
+    done = 0
+    piece: list[mx.array] = []
+    size = 0
+    for i, a in enumerate(arrays):
+        piece.append(a)
+        size += a.nbytes
+        if size >= EVAL_PIECE_BYTES or i == len(arrays) - 1:
+            mx.eval(piece)
+            done += size
+            piece, size = [], 0
+            report(done, total)
+    return total
+
+
+def load_for_compute(model_dir: Path, compute_dtype: str | None = None,
+                     trust_remote_code: bool = False) -> LoadedModel:
+    """Load an mlx-lm model directory and hold its weights as this device computes best.
+
+    Raises `UntrustedCode` for a folder that names code of its own, unless trusted.
+    """
     if compute_dtype is not None and compute_dtype not in ALLOWED:
         raise ValueError(
             f"compute_dtype must be one of {', '.join(ALLOWED)}, not {compute_dtype!r}"
         )
-    model, tokenizer, config = load(str(model_dir), return_config=True)  # type: ignore[misc]
+    found = own_code(Path(model_dir))
+    if found and not trust_remote_code:
+        raise UntrustedCode(f"model folder {model_dir} names its own code "
+                            f"({'; '.join(str(f) for f in found)}); trust_remote_code is off")
+    files = weight_files(Path(model_dir))
+    stored_bytes = sum(f.stat().st_size for f in files)
+    started = time.monotonic()
+    log.info("model_loading", path=str(model_dir), weights_gb=round(stored_bytes / GB, 2),
+             shards=len(files), trusted_code=[str(f) for f in found] or None)
+    model, tokenizer, config = load(  # type: ignore[misc]
+        str(model_dir), return_config=True, lazy=True, trust_remote_code=trust_remote_code,
+        tokenizer_config={"trust_remote_code": trust_remote_code})
     quantized = _is_quantized(model)
     cpu = on_cpu()
     chosen, dequantize = choose_dtype(compute_dtype, cpu, _stored_dtype(model))
     if quantized and dequantize:
         model = dequantize_model(model)
     _cast(model, COMPUTE_DTYPES[chosen])
-    mx.eval(model.parameters())
+    last = started
+
+    def report(done: int, total: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        due = progress_due(last, now, stored_bytes, PROGRESS_OVER_BYTES, PROGRESS_EVERY_S)
+        if done < total and due:
+            last = now
+            log.info("model_loading_progress", path=str(model_dir),
+                     percent=int(100 * done / total), done_gb=round(done / GB, 2),
+                     total_gb=round(total / GB, 2), elapsed_s=round(now - started, 1))
+
+    computed_bytes = _materialize(model, report)
     rollback = recurrent.enable(model)
     try:
         leaks = dtype_check.leaks(model, mlx_cache.make_prompt_cache(model), range(8))
@@ -118,5 +196,8 @@ def load_for_compute(model_dir: Path, compute_dtype: str | None = None) -> Loade
         context_length=context,
         tokenizer_hash=tok_hash[:12],
         recurrent_rollback=rollback,
+        seconds=round(time.monotonic() - started, 2),
+        weights_gb=round(stored_bytes / GB, 2),
+        compute_gb=round(computed_bytes / GB, 2),
     )
     return LoadedModel(model, tokenizer, chosen, quantized, tok_hash, context)

@@ -1,16 +1,22 @@
-"""Tests for seatd.model_load: the per-device compute-dtype policy and the loader."""
+"""Tests for seatd.model_load: the per-device compute-dtype policy, the loader, its
+progress lines, and trust of a folder's own code."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from mlx.utils import tree_flatten
 from structlog.testing import capture_logs
 
-from seatd.model_load import choose_dtype, load_for_compute
+from seatd import model_load
+from seatd.model_load import choose_dtype, load_for_compute, progress_due
 from shared.builtin import resolve_model, tokenizer_hash
+from shared.model_trust import UntrustedCode
 
 
 @pytest.fixture
@@ -69,3 +75,82 @@ def test_explicit_dtype_is_honoured(cpu: None) -> None:
     loaded = load_for_compute(resolve_model("builtin:demo-drafter"), "bfloat16")
     assert not loaded.was_quantized and loaded.compute_dtype == "bfloat16"
     assert loaded.model.model.embed_tokens.weight.dtype == mx.bfloat16
+
+
+@pytest.mark.parametrize(("last", "now", "total", "due"), [
+    (0.0, 5.0, 2 << 30, True),
+    (0.0, 4.9, 2 << 30, False),  # not yet: every few seconds, not every piece
+    (10.0, 15.0, 1 << 30, True),  # at the threshold
+    (0.0, 60.0, (1 << 30) - 1, False),  # small weights load quietly
+])
+def test_progress_is_due_for_large_weights_every_few_seconds(
+        last: float, now: float, total: int, due: bool) -> None:
+    """Progress lines: only for weights over 1 GiB, at most one every 5 s."""
+    assert progress_due(last, now, total, 1 << 30, 5.0) is due
+
+
+@pytest.mark.slow
+def test_loading_in_pieces_reports_progress_and_loads_the_same_weights(
+        cpu: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small pieces with the threshold at 0: start, progress and done lines, same weights."""
+    path = resolve_model("builtin:demo")
+    whole = load_for_compute(path).model
+    monkeypatch.setattr(model_load, "EVAL_PIECE_BYTES", 4 << 20)
+    monkeypatch.setattr(model_load, "PROGRESS_OVER_BYTES", 0)
+    monkeypatch.setattr(model_load, "PROGRESS_EVERY_S", 0.0)
+    with capture_logs() as logs:
+        pieces = load_for_compute(path).model
+    events = [e["event"] for e in logs]
+    assert events[0] == "model_loading" and "model_loaded" in events
+    progress = [e for e in logs if e["event"] == "model_loading_progress"]
+    assert len(progress) >= 2, events
+    done = [e["percent"] for e in progress]
+    assert done == sorted(done) and 0 <= done[0] and done[-1] < 100
+    loaded = next(e for e in logs if e["event"] == "model_loaded")
+    assert loaded["seconds"] > 0 and loaded["compute_gb"] > loaded["weights_gb"] > 0
+    a, b = dict(tree_flatten(whole.parameters())), dict(tree_flatten(pieces.parameters()))
+    assert a.keys() == b.keys()
+    assert all(mx.array_equal(a[k], b[k]).item() for k in a)
+
+
+EVIL = """\
+from pathlib import Path
+
+Path(__file__).with_name("ran").write_text("executed")
+from mlx_lm.models.llama import Model, ModelArgs  # noqa: E402,F401
+"""
+
+
+@pytest.fixture
+def with_model_file(tmp_path: Path) -> Path:
+    """The demo model (weights linked) whose config.json names `arch.py`, which marks
+    its folder when it runs and then gives mlx-lm the llama classes."""
+    demo = resolve_model("builtin:demo")
+    folder = tmp_path / "custom"
+    folder.mkdir()
+    for f in demo.iterdir():
+        if f.name != "config.json":
+            (folder / f.name).symlink_to(f)
+    config = json.loads((demo / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_file": "arch.py"}))
+    (folder / "arch.py").write_text(EVIL)
+    return folder
+
+
+def test_untrusted_model_file_is_refused_before_anything_runs(with_model_file: Path) -> None:
+    """trust_remote_code off: UntrustedCode naming the key; the file never ran."""
+    with pytest.raises(UntrustedCode, match=r'config.json model_file = "arch.py"'):
+        load_for_compute(with_model_file)
+    assert not (with_model_file / "ran").exists()
+
+
+@pytest.mark.slow
+def test_trusted_model_file_is_what_mlx_lm_builds_the_model_from(
+        cpu: None, with_model_file: Path) -> None:
+    """trust_remote_code on: mlx-lm imports the folder's model_file (it ran) and loads."""
+    with capture_logs() as logs:
+        loaded = load_for_compute(with_model_file, trust_remote_code=True)
+    assert (with_model_file / "ran").read_text() == "executed"
+    assert loaded.context_length == 2048
+    start = next(e for e in logs if e["event"] == "model_loading")
+    assert start["trusted_code"] == ['config.json model_file = "arch.py"']
