@@ -197,7 +197,7 @@ class GetCounters(msgspec.Struct, frozen=True, tag="get_counters"):
 class Shutdown(msgspec.Struct, frozen=True, tag="shutdown"):
     """Stop taking work, finish what is in flight (up to `drain_s`), then exit."""
 
-    drain_s: float = 10.0
+    drain_s: Annotated[float, msgspec.Meta(ge=0.0)] = 10.0  # inf: until all is done
 
 
 Request = Generate | Cancel | Ping | GetCounters | Shutdown
@@ -450,7 +450,7 @@ def _why(payload: bytes, error: str, tags: frozenset[str]) -> Refused:
     rid = _generate_id(head)
     if head.version != PROTOCOL_VERSION:
         return Refused("wrong_version", _wrong_version(head.version), rid)
-    if head.type not in tags:
+    if not isinstance(head.type, str) or head.type not in tags:
         what = "no message type" if head.type is None else f"unknown message type {head.type!r}"
         return Refused("undecodable", _short(what))
     return Refused("invalid_value", _short(f"invalid {head.type}: {error}"), rid)
