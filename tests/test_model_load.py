@@ -4,6 +4,9 @@ progress lines, and trust of a folder's own code."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -154,3 +157,55 @@ def test_trusted_model_file_is_what_mlx_lm_builds_the_model_from(
     assert loaded.context_length == 2048
     start = next(e for e in logs if e["event"] == "model_loading")
     assert start["trusted_code"] == ['config.json model_file = "arch.py"']
+
+
+TOKENIZER_CODE = """\
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerFast
+
+Path(__file__).resolve().with_name("ran").write_text("executed")
+
+
+class MarkedTokenizer(PreTrainedTokenizerFast):
+    pass
+"""
+
+
+@pytest.fixture
+def with_tokenizer_code(tmp_path: Path) -> Path:
+    """The demo model whose tokenizer_config.json maps AutoTokenizer to `tok_x.py`."""
+    demo = resolve_model("builtin:demo")
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    for f in demo.iterdir():
+        if f.name != "tokenizer_config.json":
+            (folder / f.name).symlink_to(f)
+    config = json.loads((demo / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": [None, "tok_x.MarkedTokenizer"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "tok_x.py").write_text(TOKENIZER_CODE)
+    return folder
+
+
+def test_untrusted_tokenizer_code_is_refused(with_tokenizer_code: Path) -> None:
+    """A tokenizer auto_map is refused like a model_file when trust is off."""
+    with pytest.raises(UntrustedCode, match=r"tokenizer_config.json auto_map.AutoTokenizer"):
+        load_for_compute(with_tokenizer_code)
+
+
+@pytest.mark.slow
+def test_trusted_tokenizer_code_reaches_the_tokenizer_loader(
+        with_tokenizer_code: Path, tmp_path: Path) -> None:
+    """Trusted, the folder's tokenizer class is the one loaded (mlx-lm's own `load` does
+    not pass trust to the tokenizer; without it transformers ignores this auto_map)."""
+    cache = tmp_path / "hf-modules"  # where transformers copies a folder's code to import it
+    script = ("import sys; from pathlib import Path; from seatd.model_load import "
+              "load_for_compute; t = load_for_compute(Path(sys.argv[1]), "
+              "trust_remote_code=True).tokenizer; print(type(t._tokenizer).__name__)")
+    done = subprocess.run([sys.executable, "-c", script, str(with_tokenizer_code)],
+                          env=dict(os.environ, HF_MODULES_CACHE=str(cache)),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "MarkedTokenizer"  # structlog unset: stdout
+    assert [p.read_text() for p in cache.rglob("ran")] == ["executed"]
