@@ -1,6 +1,6 @@
 """The error that ends a request no rung answered, as a pure function.
 
-    conclude(attempts, plan, route) -> Conclusion(error, counter)
+    conclude(attempts, plan, route, loading) -> Conclusion(error, counter)
 
 Every allowed rung failed or was skipped, and nothing was sent.  The first rule
 that applies names the error:
@@ -10,13 +10,18 @@ that applies names the error:
     2. every rung was skipped as over the proxy's cap                 413 prompt_too_long,
                                                                       naming the largest
     3. some rung was busy (queue full, or not started in time), and   503 overloaded
-       every other was busy or skipped                                 (Retry-After)
-    4. off-box rungs were filtered out of this private request        503 no_private_seat
-    5. otherwise                                                      503 all_rungs_failed
+       every other was busy, loading or skipped                        (Retry-After)
+    4. some rung was loading (`not_ready`, and in `loading`, the      503 loading
+       rungs still loading now), and every other loading or skipped    (Retry-After)
+    5. off-box rungs were filtered out of this private request        503 no_private_seat
+    6. otherwise                                                      503 all_rungs_failed
 
 Rules 1 and 2 are the client's to fix (shorten the prompt); 3 is busy, not broken,
-and worth retrying soon; 4 says privacy, not failure, is why no bigger rung was
-tried; 5 is a real outage.  `counter` is the proxy counter the conclusion adds to.
+and worth retrying soon; 4 is a model still loading, which nothing failed (a request
+normally waits for it first: proxyd/load_wait.py); 5 says privacy, not failure, is
+why no bigger rung was tried; 6 is a real outage.  A seat that says not ready after
+it was ready is not in `loading` (proxyd/seat_state.py): its failure is real.
+`counter` is the proxy counter the conclusion adds to.
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ from proxyd.ladder import Attempt, Plan, Skipped, attempts_header, context_refus
 from shared.caps import Verdict
 from shared.errors import (
     AllRungsFailed,
+    Loading,
     NoPrivateSeat,
     Overloaded,
     PromptTooLong,
     SanctumError,
     client_error,
 )
+from shared.protocol import Failed, Outcome
 
 
 @dataclass(frozen=True)
@@ -48,8 +55,15 @@ def _over_cap(attempts: Sequence[Attempt]) -> list[tuple[str, Verdict]]:
             if isinstance(o, Skipped) and o.reason == "over_cap" and o.verdict is not None]
 
 
-def conclude(attempts: Sequence[Attempt], plan: Plan, route: str) -> Conclusion:
-    """The error for a request whose every allowed rung failed or was skipped."""
+def _loading(seat: str, outcome: Outcome | Skipped, loading: frozenset[str]) -> bool:
+    return (seat in loading and isinstance(outcome, Failed)
+            and outcome.reason == "not_ready")
+
+
+def conclude(attempts: Sequence[Attempt], plan: Plan, route: str,
+             loading: frozenset[str] = frozenset()) -> Conclusion:
+    """The error for a request whose every allowed rung failed or was skipped;
+    `loading`: the rungs loading now."""
     header = attempts_header(attempts)
     refused = context_refusal(attempts)
     if refused is not None:
@@ -64,9 +78,16 @@ def conclude(attempts: Sequence[Attempt], plan: Plan, route: str) -> Conclusion:
             prompt_tokens=v.tokens, cap=v.cap, margin=v.margin, seat=name,
             limit="proxy_cap", attempts=header), "over_cap", v.tokens or 0)
     if any(is_busy(o) for _, o in attempts) and all(
-            isinstance(o, Skipped) or is_busy(o) for _, o in attempts):
+            isinstance(o, Skipped) or is_busy(o) or _loading(s, o, loading)
+            for s, o in attempts):
         return Conclusion(Overloaded(f"every seat of route {route!r} is busy; retry shortly",
                                      attempts=header), "overloaded")
+    waiting = [s for s, o in attempts if _loading(s, o, loading)]
+    if waiting and all(isinstance(o, Skipped) or _loading(s, o, loading)
+                       for s, o in attempts):
+        return Conclusion(Loading(f"route {route!r} is still loading "
+                                  f"({', '.join(waiting)} loading); retry shortly",
+                                  attempts=header, loading=waiting))
     if plan.filtered_offbox:
         return Conclusion(NoPrivateSeat(
             "every local seat for this private request failed; off-box seats "

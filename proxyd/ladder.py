@@ -68,7 +68,9 @@ Attempt = tuple[str, Outcome | Skipped]
 # is busy: the request goes on down the ladder, and the seat's circuit is untouched.
 BUSY = frozenset({"queue_full", "queue_timeout"})
 # Failures that say nothing about the seat's health: its circuit neither opens nor closes.
-NOT_THE_SEATS_FAULT = frozenset({"client_disconnected", *BUSY})
+# A seat that says it is not ready (its model loads, or it drains) was not sent the
+# request: it told the truth, and its circuit stays as it was.
+NOT_THE_SEATS_FAULT = frozenset({"client_disconnected", "not_ready", *BUSY})
 
 
 def is_busy(outcome: Outcome | Skipped) -> bool:
