@@ -93,7 +93,9 @@ class HostedRig:
         deadline = time.monotonic() + 30
         while True:
             try:
-                if http("GET", self.url + "/health", timeout=2)[0] == 200:
+                # Up: /health answers (200, or 503 with its body while a route is
+                # not ready: an open circuit, a local seat of `extra_seats` loading).
+                if http("GET", self.url + "/health", timeout=2)[0] in (200, 503):
                     break
             except OSError:
                 pass

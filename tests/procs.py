@@ -64,7 +64,9 @@ class Sanctum:
 
     def __init__(self, config_text: str | None = None, port: int | None = None,
                  command: str = "up", packaged: bool = False,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, split_stdout: bool = False) -> None:
+        """`split_stdout`: the command's stdout goes to its own file (`stdout()`), apart
+        from its stderr and logs."""
         self.port = port or free_port()
         # ipc paths are limited to ~100 bytes: keep the state directory short.
         self.dir = Path(tempfile.mkdtemp(prefix="sct-", dir="/tmp"))
@@ -73,11 +75,12 @@ class Sanctum:
         self.config.write_text(config_text or demo_config(self.port))
         self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.state), **(env or {}))
         self.log = open(self.dir / "log", "wb")
+        self.out = open(self.dir / "out", "wb") if split_stdout else self.log
         # packaged: no --config at all, the embedded default (only the port is moved).
         args = ["--port", str(self.port)] if packaged else ["--config", str(self.config)]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sanctum.cli", command, *args],
-            env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
+            env=self.env, stdout=self.out, stderr=self.log)
         self.tree: set[int] = {self.proc.pid}
 
     @property
@@ -88,6 +91,10 @@ class Sanctum:
         self.log.flush()
         return (self.dir / "log").read_text(errors="replace")
 
+    def stdout(self) -> str:
+        """What the command wrote to stdout so far (split_stdout only)."""
+        return (self.dir / "out").read_text(errors="replace")
+
     def remember_tree(self) -> set[int]:
         try:
             kids = psutil.Process(self.proc.pid).children(recursive=True)
@@ -97,7 +104,12 @@ class Sanctum:
         return self.tree
 
     def health(self) -> dict[str, Any]:
+        """/health's body, whether it says 200 (every route ready) or 503."""
         return json.loads(http("GET", self.url + "/health", timeout=5)[2])
+
+    def health_status(self) -> tuple[int, dict[str, Any]]:
+        code, _, body = http("GET", self.url + "/health", timeout=5)
+        return code, json.loads(body)
 
     def wait_ready(self, seats: tuple[str, ...] = ("demo",), timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -126,6 +138,7 @@ class Sanctum:
             code = self.proc.wait(timeout=timeout)
         finally:
             self.log.close()
+            self.out.close()
         assert_gone(self.tree, timeout=10)
         leftovers = list(self.state.glob("*.sock")) if self.state.exists() else []
         assert not leftovers, f"socket files left behind: {leftovers}"
@@ -141,6 +154,7 @@ class Sanctum:
                 pass
         self.proc.wait()
         self.log.close()
+        self.out.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

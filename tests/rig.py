@@ -22,9 +22,11 @@ RIG_CONFIG = """
 [proxy]
 listen = "127.0.0.1:{port}"
 heartbeat_s = 0.2
-liveness = 3
+liveness = {liveness}
 breaker_threshold = 3
 breaker_cooldown_s = {cooldown}
+# A request whose seats all load answers at once (503 loading) unless a test waits.
+load_wait_s = {load_wait}
 
 [[seat]]
 name = "brain"
@@ -70,15 +72,19 @@ offbox = "header"
 class Rig:
     def __init__(self, modes: dict[str, str], tokens: int = 8, cooldown: float = 30.0,
                  upstream_script: list[str] | None = None,
-                 clock: ManualClock | None = None) -> None:
-        """`clock`: run proxyd in this process on that clock (tests/proxy_thread.py)."""
+                 clock: ManualClock | None = None, load_wait: float = 0.0,
+                 liveness: int = 3) -> None:
+        """`clock`: run proxyd in this process on that clock (tests/proxy_thread.py).
+        `liveness`: heartbeats a seat may miss; a test that moves `clock` by more than
+        liveness x 0.2 s at once raises it, or every seat would look lost."""
         self.dir = Path(tempfile.mkdtemp(prefix="rig-", dir="/tmp"))
         self.state = self.dir / "s"
         self.state.mkdir()
         self.port = free_port()
         self.upstream = FakeUpstream(upstream_script)
         (self.dir / "c.toml").write_text(RIG_CONFIG.format(
-            port=self.port, upstream=self.upstream.url, cooldown=cooldown))
+            port=self.port, upstream=self.upstream.url, cooldown=cooldown,
+            load_wait=load_wait, liveness=liveness))
         self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.state))
         self.tokens = tokens
         self.fakes: dict[str, subprocess.Popen[bytes]] = {}
@@ -126,6 +132,7 @@ class Rig:
         return [e for e in out if kind is None or e["event"] == kind]
 
     def health(self) -> dict[str, Any]:
+        """/health's body, whether it says 200 (every route ready) or 503."""
         return json.loads(http("GET", self.url + "/health", timeout=5)[2])
 
     def wait_health(self, ok: Any, timeout: float = 30) -> None:

@@ -145,8 +145,7 @@ def hop_stack(model: str, with_nginx: bool) -> Iterator[dict[str, tuple[str, int
         stack.callback(proxy.stop)
 
         def ready() -> bool:
-            health = servers.get_json(f"http://127.0.0.1:{port}/health")
-            assert isinstance(health, dict)
+            health = servers.get_health(f"http://127.0.0.1:{port}/health")
             return bool(health["seats"]["null"]["ready"])
 
         servers.wait_until(proxy, ready, 60)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -37,6 +38,20 @@ def free_port() -> int:
 def get_json(url: str, timeout: float = 5) -> object:
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
+
+
+def get_health(url: str, timeout: float = 5) -> dict[str, Any]:
+    """proxyd's /health body: 200 when every route is ready, 503 (same body) while
+    some route loads or is down; a waiter reads the seats it needs either way."""
+    try:
+        got = get_json(url, timeout)
+    except urllib.error.HTTPError as e:
+        if e.code != 503:
+            raise
+        got = json.loads(e.read())
+    if not isinstance(got, dict):
+        raise ValueError(f"{url} answered {got!r}")
+    return got
 
 
 @dataclass
@@ -156,8 +171,7 @@ def sanctum_up(config_text: str, seats: tuple[str, ...], port: int,
         url = f"http://127.0.0.1:{port}"
 
         def ready() -> bool:
-            health = get_json(url + "/health")
-            assert isinstance(health, dict)
+            health = get_health(url + "/health")
             return all(health["seats"].get(s, {}).get("ready") for s in seats)
 
         try:
@@ -207,8 +221,7 @@ def null_stack(model: str, port: int, timeout: float = 60) -> Iterator[tuple[str
         url = f"http://127.0.0.1:{port}"
 
         def ready() -> bool:
-            health = get_json(url + "/health")
-            assert isinstance(health, dict)
+            health = get_health(url + "/health")
             return bool(health["seats"]["null"]["ready"])
 
         try:
