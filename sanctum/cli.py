@@ -19,6 +19,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -65,9 +66,123 @@ def cmd_proxyd(args: argparse.Namespace) -> int:
     return loops.run(run_proxy(config))
 
 
+@dataclass(frozen=True)
+class UpVerdict:
+    """What `sanctum up` says while it starts: `wait`, `ready` (serving `models`), or
+    `hopeless` (no route can ever be served: stop)."""
+
+    step: str
+    models: tuple[str, ...] = ()
+
+
+def up_verdict(routes: dict[str, str], fatal_routes: frozenset[str],
+               fatal_retried: bool) -> UpVerdict:
+    """From /health's route states (None: no answer yet) and the routes whose every
+    usable rung is a FATAL seat: ready once every route is ready or FATAL (with one
+    ready at least); hopeless when every route is FATAL and FATAL is final."""
+    if routes and all(m in fatal_routes for m in routes) and not fatal_retried:
+        return UpVerdict("hopeless")
+    ready = tuple(m for m, state in routes.items() if state == "ready")
+    if ready and all(m in ready or m in fatal_routes for m in routes):
+        return UpVerdict("ready", ready)
+    return UpVerdict("wait")
+
+
+def fatal_route_names(config: Config, fatal: set[str]) -> frozenset[str]:
+    """Routes whose every rung a request without the off-box header may use is a
+    FATAL seat (a hosted rung is never FATAL)."""
+    seats = {s.name: s for s in config.seat}
+    out = set()
+    for route in config.route:
+        usable = [n for n in route.ladder if route.offbox == "allow" or not seats[n].offbox]
+        if usable and all(n in fatal for n in usable):
+            out.add(route.model)
+    return frozenset(out)
+
+
+class UpWatch:
+    """`sanctum up`'s look at its children while they start: /health's route states
+    and seatd's FATAL seats; it prints the one ready line, and each seat that goes
+    FATAL (once per time it does)."""
+
+    def __init__(self, config: Config) -> None:
+        import zmq
+
+        self.config = config
+        host, port = listen_address(config)
+        self.base = f"http://{host}:{port}"
+        self.ctx = zmq.Context()
+        self.fatal: set[str] = set()
+        self.announced = False
+
+    def routes(self) -> dict[str, str]:
+        """Every route's state from /health (200 or 503 both carry it); {} if none yet."""
+        try:
+            with urllib.request.urlopen(self.base + "/health", timeout=1) as r:
+                body = json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            try:
+                body = json.loads(e.read())
+            except ValueError:
+                return {}
+        except (urllib.error.URLError, OSError, ValueError):
+            return {}
+        routes = body.get("routes") if isinstance(body, dict) else None
+        if not isinstance(routes, dict):
+            return {}
+        return {m: str(r.get("state")) for m, r in routes.items() if isinstance(r, dict)}
+
+    def seat_states(self) -> dict[str, protocol.SeatStatus]:
+        """seatd's own view of its seats; {} while it does not answer."""
+        import zmq
+
+        sock = self.ctx.socket(zmq.REQ)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVTIMEO, 500)
+        sock.connect(control_endpoint(self.config))
+        try:
+            sock.send(protocol.encode(protocol.StatusQuery()))
+            reply = protocol.control_reply_decoder.decode(sock.recv())
+        except (zmq.ZMQError, msgspec.DecodeError, msgspec.ValidationError):
+            return {}
+        finally:
+            sock.close(linger=0)
+        if not isinstance(reply, protocol.StatusReply):
+            return {}
+        return {s.name: s for s in reply.seats}
+
+    def look(self) -> bool:
+        """One look; False: nothing can be served, stop."""
+        seats = self.seat_states()
+        fatal = {n for n, s in seats.items() if s.state == "FATAL"}
+        for name in sorted(fatal - self.fatal):
+            why = seats[name].last_exit or "it could not start"
+            print(f"sanctum up: seat {name} is FATAL ({why}); serving what is ready",
+                  file=sys.stderr, flush=True)
+        self.fatal = fatal
+        if self.announced:
+            return True
+        verdict = up_verdict(self.routes(), fatal_route_names(self.config, fatal),
+                             self.config.seatd.fatal_cooldown_s is not None)
+        if verdict.step == "hopeless":
+            print("sanctum up: no route can be served (every seat is FATAL); stopping",
+                  file=sys.stderr, flush=True)
+            return False
+        if verdict.step == "ready":
+            self.announced = True
+            print(f"sanctum: ready at {self.base}/v1 (models: {', '.join(verdict.models)})",
+                  flush=True)
+        return True
+
+    def close(self) -> None:
+        self.ctx.term()
+
+
 def cmd_up(args: argparse.Namespace) -> int:
-    """Run seatd and proxyd as children; a signal to us stops both, in order."""
-    preflight(_load(args))  # fail here, before any child starts, on a bad config
+    """Run seatd and proxyd as children; a signal to us stops both, in order.  Once
+    every route is ready (or its seats FATAL), one line on stdout says where and what."""
+    config = _load(args)
+    preflight(config)  # fail here, before any child starts, on a bad config
     base = [sys.executable, "-m", "sanctum.cli"]
     extra = ["--config", args.config] if args.config else []
     env = dict(os.environ, SANCTUM_PARENT_PID=str(os.getpid()))
@@ -84,13 +199,22 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     code = 0
+    watch = UpWatch(config)
+    next_look = 0.0
     while not stopping:
         dead = [n for n, p in children.items() if p.poll() is not None]
         if dead:
             print(f"sanctum up: {', '.join(dead)} exited; stopping", file=sys.stderr)
             code = 1
             break
+        if time.monotonic() >= next_look:
+            # Every 0.2 s until the ready line, then every second for FATAL seats.
+            next_look = time.monotonic() + (1.0 if watch.announced else 0.2)
+            if not watch.look():
+                code = 1
+                break
         time.sleep(0.2)
+    watch.close()
     # Stop taking requests first, then drain the seats.
     for name in ("proxyd", "seatd"):
         proc = children[name]
@@ -201,7 +325,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     report = check_path(_load(args))
     print(render(report))
-    return 1 if report.errors else 0
+    return 1 if report.errors or report.fatal else 0
 
 
 def preflight(config: Config) -> None:
@@ -213,6 +337,61 @@ def preflight(config: Config) -> None:
         for error in report.errors:
             print(f"sanctum: {error}", file=sys.stderr)
         raise SystemExit(2)
+
+
+KEYS_HELP = """\
+wrote {public} (public) and {secret} (secret, mode 0600)
+
+As a seat's key pair.  Where seatd runs the seat, in its [[seat]]:
+    endpoint = "tcp://HOST:PORT"        # this machine's address
+    curve_cert = "{secret}"
+    curve_clients = "FOLDER"            # the proxies' public .key files
+On the proxy's machine, in the same seat's [[seat]] (copy only the public file):
+    remote = true
+    endpoint = "tcp://HOST:PORT"        # the same string
+    curve_cert = "{public}"
+As a proxy's own key pair, in its [proxy]:
+    curve_cert = "{secret}"
+and copy {public} into each remote seat's curve_clients folder.
+The secret file never leaves the machine that uses it."""
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    """Make a CURVE key pair (zmq.auth certificate files); the secret is never printed."""
+    import tempfile
+    from pathlib import Path
+
+    import zmq.auth
+
+    from shared.config import SeatName
+    from shared.private_files import make_private_dir
+
+    try:
+        msgspec.convert(args.name, SeatName)
+    except msgspec.ValidationError:
+        print(f"sanctum: --name {args.name!r}: letters, digits, '_', '.', '-'", file=sys.stderr)
+        return 2
+    folder = Path(args.dir).expanduser()
+    public, secret = folder / f"{args.name}.key", folder / f"{args.name}.key_secret"
+    if public.exists() or secret.exists():
+        print(f"sanctum: {public} or {secret} exists already; not replaced", file=sys.stderr)
+        return 1
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # Made in a private folder, the secret tightened, then moved in: never readable.
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        made_public, made_secret = zmq.auth.create_certificates(make_private_dir(Path(tmp)),
+                                                                args.name)
+        os.chmod(made_secret, 0o600)
+        os.chmod(made_public, 0o644)
+        os.replace(made_secret, secret)
+        os.replace(made_public, public)
+    print(KEYS_HELP.format(public=public.resolve(), secret=secret.resolve()))
+    return 0
+
+
+def _keys_args(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("dir", help="folder for NAME.key and NAME.key_secret")
+    sp.add_argument("--name", default="sanctum", help="file name of the pair (default sanctum)")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -244,6 +423,7 @@ def parser() -> argparse.ArgumentParser:
         "--json", action="store_true")
     add("restart", cmd_restart, "restart one seat").add_argument("seat")
     add("models", cmd_models, "models packaged with Sanctum")
+    _keys_args(add("keys", cmd_keys, "make a CURVE key pair for a seat on another machine"))
     from sanctum.bench.cli import add_bench
 
     add_bench(sub)
