@@ -42,6 +42,9 @@ DEFAULT_PATH = "/opt/homebrew/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 # an acceleration path off without a new config; "off" disables, "on" is normal.
 KILL_SWITCHES = {"SANCTUM_SPECULATION": "on", "SANCTUM_PROMPT_CACHE": "on"}
 LOG_DIR = "Library/Logs/Sanctum"
+# Log files are read by tools: JSON lines, whatever launchd's environment says
+# (shared/logs.py would choose JSON there anyway; this makes it explicit).
+LOG_ENV = {"SANCTUM_LOG_FORMAT": "json"}
 PLACEHOLDERS = {"sanctum": "__SANCTUM__", "config": "__CONFIG__", "home": "__HOME__"}
 
 
@@ -81,7 +84,7 @@ def build(service: str, install: Install) -> dict[str, Any]:
     if install.config:
         args += ["--config", install.config]
     out, err = log_paths(service, install.home)
-    env = {"PATH": install.path, **KILL_SWITCHES, **install.env}
+    env = {"PATH": install.path, **KILL_SWITCHES, **LOG_ENV, **install.env}
     return {
         "Label": label(service),
         "ProgramArguments": args,

@@ -43,6 +43,7 @@ def test_plist_parses_and_carries_the_keys(service: str) -> None:
     env = data["EnvironmentVariables"]
     assert env["PATH"].split(":")[:2] == ["/opt/homebrew/bin", "/usr/local/bin"]
     assert env["SANCTUM_SPECULATION"] == "on" and env["SANCTUM_PROMPT_CACHE"] == "on"
+    assert env["SANCTUM_LOG_FORMAT"] == "json"
     assert data["StandardOutPath"] == f"{HOME}/Library/Logs/Sanctum/{service}.log"
     assert data["StandardErrorPath"] == f"{HOME}/Library/Logs/Sanctum/{service}.err.log"
     assert plists.check(service, data) == []
