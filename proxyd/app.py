@@ -20,6 +20,7 @@ from proxyd.auth import auth
 from proxyd.counters import render_metrics
 from proxyd.front import serve
 from proxyd.hosted import HostedClient
+from proxyd.limits import body_too_large, check_body, refused_field
 from proxyd.openai_api import overrides, parse_chat, parse_completion, tools_json
 from proxyd.proxy import PROXY, Proxy
 from proxyd.readiness import health, live
@@ -59,14 +60,28 @@ def error_response(exc: SanctumError, rid: str | None = None) -> web.Response:
     return json_response(exc.body(), exc.status, headers or None)
 
 
+def _refused(request: web.Request, exc: SanctumError) -> web.Response:
+    counters = request.app[PROXY].counters
+    if exc.status < 500:
+        counters.inc("bad_requests")
+    field = refused_field(exc)
+    if field is not None:
+        counters.inc("input_refused", field)
+    return error_response(exc, request.get(RID))
+
+
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every refusal in the OpenAI error shape: ours and aiohttp's own (404, 405, and
+    413 for a body past client_max_size)."""
     try:
         return await handler(request)
     except SanctumError as exc:
-        if exc.status < 500:
-            request.app[PROXY].counters.inc("bad_requests")
-        return error_response(exc, request.get(RID))
+        return _refused(request, exc)
+    except web.HTTPRequestEntityTooLarge:
+        # Only a body whose size was not declared (chunked) or grew as it was read
+        # (compressed) gets here: read_body refuses a declared one before reading it.
+        return _refused(request, body_too_large(request.app[PROXY].config.proxy))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -93,16 +108,24 @@ def _begin(request: web.Request) -> str:
     return rid
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The body, within max_body_bytes: a declared Content-Length past it is refused
+    before a byte is read; a chunked or compressed body past it, by aiohttp as it
+    reads (client_max_size, answered by the errors middleware)."""
+    check_body(request.content_length, request.app[PROXY].config.proxy)
+    return await request.read()
+
+
 def _usage(req: Any) -> bool:
     return bool(req.stream_options and req.stream_options.include_usage)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     rid = _begin(request)
-    req, messages, params = parse_chat(await request.read())
+    proxy = request.app[PROXY]
+    req, messages, params = parse_chat(await read_body(request), proxy.config.proxy)
     gen = Generate(rid, req.stream, params, messages=messages, tools_json=tools_json(req),
                    **overrides(req))
-    proxy = request.app[PROXY]
     door: Door = ChatDoor(req.stream, _usage(req))
     with structlog.contextvars.bound_contextvars(request_id=rid):
         return await serve(request, proxy, door, _route(proxy, req.model), gen)
@@ -110,9 +133,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     rid = _begin(request)
-    req, prompt, params = parse_completion(await request.read())
-    gen = Generate(rid, req.stream, params, prompt=prompt, **overrides(req))
     proxy = request.app[PROXY]
+    req, prompt, params = parse_completion(await read_body(request), proxy.config.proxy)
+    gen = Generate(rid, req.stream, params, prompt=prompt, **overrides(req))
     door: Door = CompletionDoor(req.stream, _usage(req))
     with structlog.contextvars.bound_contextvars(request_id=rid):
         return await serve(request, proxy, door, _route(proxy, req.model), gen)
@@ -157,7 +180,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 def make_app(config: Config, clock: Clock = real_clock) -> web.Application:
     """The application; `clock` decides breakers and seat clocks (tests pass a ManualClock)."""
-    app = web.Application(middlewares=[errors, auth], client_max_size=32 * 1024 * 1024)
+    app = web.Application(middlewares=[errors, auth],
+                          client_max_size=config.proxy.max_body_bytes)
     app[PROXY] = Proxy(config, clock)
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions)

@@ -1,26 +1,34 @@
 """OpenAI request bodies, decoded and validated into typed Structs.
 
 Unknown fields are ignored, as OpenAI clients send many; a known field with a
-wrong type or an out-of-range value is a 400 that names the field.
+wrong type or an out-of-range value is a 400 that names the field (msgspec's path
+`$.messages[0].role` becomes `param` "messages[0].role"; a body that is not one JSON
+object is `param` "body").  The config's input limits (proxyd/limits.py) are applied
+here, after decoding: the body's own size was bounded before it was read.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from proxyd import limits as lim
+from shared.config import ProxyConfig
 from shared.errors import BadRequest
 from shared.protocol import ChatMessage, SamplingParams
 
 DEFAULT_MAX_TOKENS = 512
-MAX_STOPS = 4
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
-TopK = Annotated[int, msgspec.Meta(ge=0)]
 MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
+# 64-bit signed, as OpenAI documents seed: a larger integer could not even be sent
+# to the seat (msgpack carries 64 bits).
+Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+TopK = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 
 
 class TextPart(msgspec.Struct, frozen=True):
@@ -62,7 +70,7 @@ class _Common(msgspec.Struct, frozen=True):
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     n: int = 1
     logprobs: bool | int | None = None
     sanctum: SanctumOptions | None = None
@@ -72,6 +80,8 @@ class ChatRequest(_Common, frozen=True):
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)] = []
     # Rendered by the model's chat template (and so counted against the cap).
     tools: list[dict[str, Any]] | None = None
+    # Not acted on yet; decoded only so that its schema is held to max_schema_bytes.
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Common, frozen=True):
@@ -80,21 +90,39 @@ class CompletionRequest(_Common, frozen=True):
 
 T = TypeVar("T")
 
+_AT = re.compile(r" - at `\$\.?([^`]*)`$")
+# A field named in the message itself: one that is missing, or unknown where unknown
+# fields are refused (`sanctum`).
+_NAMED = re.compile(r"^Object (?:missing required|contains unknown) field `([^`]*)`")
+
+
+def validation_param(message: str) -> str:
+    """The field a msgspec ValidationError names, as `param`: "messages[0].role" for
+    "... - at `$.messages[0].role`", "model" for a missing top-level `model`, "body"
+    for the body itself (not an object)."""
+    at = _AT.search(message)
+    path = at.group(1) if at else ""
+    named = _NAMED.match(message)
+    if named:
+        path = f"{path}.{named.group(1)}" if path else named.group(1)
+    return path or "body"
+
 
 def _decode(body: bytes, kind: type[T]) -> T:
     if not body:
-        raise BadRequest("the request body is empty; expected a JSON object")
+        raise BadRequest("the request body is empty; expected a JSON object", param="body")
     try:
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        param = text.rsplit("at `$.", 1)[-1].rstrip("`") if "at `$." in text else None
-        raise BadRequest(f"invalid request: {text}", param=param) from None
+        raise BadRequest(f"invalid request: {text}", param=validation_param(text)) from None
     except msgspec.DecodeError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+        raise BadRequest(f"the request body is not valid JSON: {exc}", param="body") from None
+    except RecursionError:
+        raise BadRequest("the request body is nested too deeply", param="body") from None
 
 
-def sampling_params(req: _Common) -> SamplingParams:
+def sampling_params(req: _Common, limits: ProxyConfig) -> SamplingParams:
     if req.n != 1:
         raise BadRequest("only n=1 is supported", param="n")
     if req.logprobs:
@@ -106,10 +134,11 @@ def sampling_params(req: _Common) -> SamplingParams:
         stops = (req.stop,)
     else:
         stops = tuple(req.stop)
-    if len(stops) > MAX_STOPS:
-        raise BadRequest(f"at most {MAX_STOPS} stop sequences", param="stop")
-    if any(not s for s in stops):
-        raise BadRequest("a stop sequence must not be empty", param="stop")
+    lim.check_stops("stop", stops, limits, listed=not isinstance(req.stop, str))
+    for field in ("max_tokens", "max_completion_tokens"):
+        asked = getattr(req, field)
+        if asked is not None:
+            lim.check_max_tokens(field, asked, limits)
     max_tokens = req.max_completion_tokens or req.max_tokens or DEFAULT_MAX_TOKENS
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -121,16 +150,19 @@ def sampling_params(req: _Common) -> SamplingParams:
     )
 
 
-def _content(message: Message) -> str:
+def _content(field: str, message: Message) -> str:
     if message.content is None:
         return ""
     if isinstance(message.content, str):
         return message.content
     texts = []
-    for part in message.content:
-        if part.type != "text" or part.text is None:
-            raise BadRequest(f"content part of type {part.type!r} is not supported",
-                             param="messages")
+    for j, part in enumerate(message.content):
+        if part.type != "text":
+            raise BadRequest(f"content part of type {part.type!r} is not supported; "
+                             "only text parts are", param=f"{field}[{j}].type")
+        if part.text is None:
+            raise BadRequest("a text content part needs its text",
+                             param=f"{field}[{j}].text")
         texts.append(part.text)
     return "".join(texts)
 
@@ -146,24 +178,58 @@ def overrides(req: _Common) -> dict[str, Any]:
 
 
 def tools_json(req: ChatRequest) -> str | None:
-    return json.dumps(req.tools, ensure_ascii=False) if req.tools else None
+    if not req.tools:
+        return None
+    try:
+        return json.dumps(req.tools, ensure_ascii=False)
+    except RecursionError:  # decodable by msgspec yet one level too deep to encode
+        raise BadRequest("tools is nested too deeply", param="tools") from None
 
 
-def parse_chat(body: bytes) -> tuple[ChatRequest, tuple[ChatMessage, ...], SamplingParams]:
+def _schemas(req: ChatRequest, limits: ProxyConfig) -> None:
+    """Each tool's parameters, and a response_format schema, within max_schema_bytes."""
+    tools = req.tools or []
+    lim.check_tools("tools", len(tools), limits)
+    for i, tool in enumerate(tools):
+        function = tool.get("function")
+        if isinstance(function, dict) and "parameters" in function:
+            field = f"tools[{i}].function.parameters"
+            lim.check_schema(field, lim.encoded_bytes(field, function["parameters"]), limits)
+    fmt = req.response_format
+    spec = fmt.get("json_schema") if fmt is not None else None
+    if isinstance(spec, dict) and "schema" in spec:
+        field = "response_format.json_schema.schema"
+        lim.check_schema(field, lim.encoded_bytes(field, spec["schema"]), limits)
+
+
+def parse_chat(body: bytes, limits: ProxyConfig
+               ) -> tuple[ChatRequest, tuple[ChatMessage, ...], SamplingParams]:
+    """The chat body as typed values, or a 400/413 naming the field."""
     req = _decode(body, ChatRequest)
     if not req.messages:
         raise BadRequest("messages must hold at least one message", param="messages")
-    messages = tuple(ChatMessage(m.role, _content(m), m.name) for m in req.messages)
-    return req, messages, sampling_params(req)
+    lim.check_messages("messages", len(req.messages), limits)
+    messages = []
+    for i, m in enumerate(req.messages):
+        field = f"messages[{i}].content"
+        text = _content(field, m)
+        lim.check_text(field, len(text), limits)
+        messages.append(ChatMessage(m.role, text, m.name))
+    _schemas(req, limits)
+    return req, tuple(messages), sampling_params(req, limits)
 
 
-def parse_completion(body: bytes) -> tuple[CompletionRequest, str, SamplingParams]:
+def parse_completion(body: bytes, limits: ProxyConfig
+                     ) -> tuple[CompletionRequest, str, SamplingParams]:
+    """The completion body as typed values, or a 400/413 naming the field."""
     req = _decode(body, CompletionRequest)
     prompt = req.prompt
+    field = "prompt"
     if isinstance(prompt, list):
         if len(prompt) != 1:
             raise BadRequest("only one prompt per request is supported", param="prompt")
-        prompt = prompt[0]
+        prompt, field = prompt[0], "prompt[0]"
     if not prompt:
-        raise BadRequest("prompt must not be empty", param="prompt")
-    return req, prompt, sampling_params(req)
+        raise BadRequest("prompt must not be empty", param=field)
+    lim.check_text(field, len(prompt), limits)
+    return req, prompt, sampling_params(req, limits)

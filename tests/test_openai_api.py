@@ -4,8 +4,20 @@ import json
 
 import pytest
 
-from proxyd.openai_api import DEFAULT_MAX_TOKENS, parse_chat, parse_completion
+from proxyd import openai_api
+from proxyd.openai_api import DEFAULT_MAX_TOKENS, validation_param
+from shared.config import ProxyConfig
 from shared.errors import BadRequest
+
+DEFAULTS = ProxyConfig()
+
+
+def parse_chat(body: bytes) -> tuple:
+    return openai_api.parse_chat(body, DEFAULTS)
+
+
+def parse_completion(body: bytes) -> tuple:
+    return openai_api.parse_completion(body, DEFAULTS)
 
 
 def chat(**kw) -> bytes:
@@ -35,9 +47,11 @@ def test_content_parts_are_joined() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        (b"", None),
-        (b"{not json", None),
-        (b"[]", None),
+        (b"", "body"),
+        (b"{not json", "body"),
+        (b"[]", "body"),
+        (b"[" * 100_000 + b"]" * 100_000, "body"),
+        (chat()[:-1] + b', "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "body"),
         (chat(temperature=2.5), "temperature"),
         (chat(temperature="hot"), "temperature"),
         (chat(top_p=0), "top_p"),
@@ -45,12 +59,20 @@ def test_content_parts_are_joined() -> None:
         (chat(max_tokens=0), "max_tokens"),
         (chat(top_k=-3), "top_k"),
         (chat(n=2), "n"),
-        (chat(stop=["a", "b", "c", "d", "e"]), "stop"),
-        (chat(stop=[""]), "stop"),
+        (chat(stop=["s"] * (DEFAULTS.max_stop + 1)), "stop"),
+        (chat(stop=["a", ""]), "stop[1]"),
+        (chat(stop=""), "stop"),
+        (chat(seed=2**63), "seed"),
+        (chat(seed=-(2**63) - 1), "seed"),
         (chat(messages=[]), "messages"),
         (chat(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role"),
-        (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), "messages"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode(), None),
+        (chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+         "messages[0].content[0].type"),
+        (chat(messages=[{"role": "user", "content": [1]}]), "messages[0].content[0]"),
+        (json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode(), "model"),
+        (chat(messages=[{"role": "user"}, {"content": "x"}]), "messages[1].role"),
+        (chat(tools=[1]), "tools[0]"),
+        (chat(response_format="json"), "response_format"),
     ],
 )
 def test_bad_chat_requests(body: bytes, param: str | None) -> None:
@@ -84,8 +106,29 @@ def test_sanctum_overrides_reach_the_generate_fields() -> None:
     req, _, _ = parse_chat(body)
     assert overrides(req) == {"kv": "q8", "speculation": None, "prompt_cache": False,
                               "draft_depth": 4, "solo": True}
-    with pytest.raises(BadRequest):
+    with pytest.raises(BadRequest) as unknown:
         parse_chat(body.replace(b"prompt_cache", b"prompt_cash"))
+    assert unknown.value.param == "sanctum.prompt_cash"
     with pytest.raises(BadRequest) as bad:
         parse_chat(body.replace(b'"draft_depth": 4', b'"draft_depth": 17'))
     assert bad.value.param == "sanctum.draft_depth"
+
+
+@pytest.mark.parametrize(("message", "param"), [
+    ("Expected `int` >= 1 - at `$.max_tokens`", "max_tokens"),
+    ("Invalid enum value 'wizard' - at `$.messages[0].role`", "messages[0].role"),
+    ("Object missing required field `model`", "model"),
+    ("Object missing required field `role` - at `$.messages[3]`", "messages[3].role"),
+    ("Object contains unknown field `x` - at `$.sanctum`", "sanctum.x"),
+    ("Expected `object`, got `array`", "body"),
+    ("Expected `object`, got `int` - at `$`", "body"),
+])
+def test_validation_param_names_the_path(message: str, param: str) -> None:
+    """msgspec's `$.a[0].b` path (and a missing field's name) becomes `param`."""
+    assert validation_param(message) == param
+
+
+def test_seed_takes_the_whole_int64_range() -> None:
+    """A seed is any 64-bit signed integer, both ends included."""
+    assert parse_chat(chat(seed=2**63 - 1))[2].seed == 2**63 - 1
+    assert parse_chat(chat(seed=-(2**63)))[2].seed == -(2**63)
