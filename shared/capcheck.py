@@ -1,22 +1,29 @@
 """`sanctum check`: every layer's cap in one table, and what disagrees.
 
 `check(config, facts)` is pure: the model facts (context length, tokenizer
-hash) are read by `model_facts` and passed in, so the rules are table-tested.
+hash, the code a folder names) are read by `model_facts` and passed in, so the
+rules are table-tested.
+
+`errors` stop both daemons from starting (`preflight`); `fatal` are seats that will
+be FATAL while the rest serve (a model folder naming code its seat does not trust);
+`sanctum check` exits non-zero on either.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shared import caps
 from shared.builtin import resolve_model, tokenizer_hash
 from shared.config import Config, SeatConfig, resolve_path
+from shared.model_trust import OwnCode, own_code, refusal
 
 
 @dataclass(frozen=True)
 class ModelFacts:
     context_length: int
     tokenizer_hash: str
+    own_code: tuple[OwnCode, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -33,13 +40,15 @@ class Report:
     rows: list[Row]
     errors: list[str]
     warnings: list[str]
+    fatal: list[str] = field(default_factory=list)
 
 
 def model_facts(config: Config, model: str) -> ModelFacts | str:
     """The facts of a model directory, or why they cannot be read."""
     try:
         path = resolve_model(resolve_path(config, model))
-        return ModelFacts(caps.model_context(path), tokenizer_hash(path))
+        return ModelFacts(caps.model_context(path), tokenizer_hash(path),
+                          tuple(own_code(path)))
     except (OSError, ValueError) as exc:
         return str(exc)
 
@@ -54,11 +63,28 @@ def gather(config: Config) -> dict[str, ModelFacts | str]:
     return facts
 
 
+def _trust(config: Config, seat: SeatConfig, role: str, spec: str,
+           got: ModelFacts | str | None, report: Report) -> None:
+    if not isinstance(got, ModelFacts) or not got.own_code or spec.startswith("builtin:"):
+        return
+    folder = resolve_model(resolve_path(config, spec))
+    if not seat.trust_remote_code:
+        report.fatal.append(f"seat {seat.name}: " + refusal(seat.name, role, folder,
+                                                             list(got.own_code)))
+    else:
+        named = "; ".join(str(c) for c in got.own_code)
+        report.warnings.append(f"seat {seat.name}: trust_remote_code = true: the {role} "
+                               f"folder {folder} runs its own code ({named})")
+
+
 def _local(config: Config, seat: SeatConfig, facts: dict[str, ModelFacts | str],
            report: Report) -> None:
     margin = config.proxy.tokenizer_margin
     assert seat.model is not None
     got = facts.get(seat.model)
+    _trust(config, seat, "model", seat.model, got, report)
+    if seat.drafter is not None and seat.drafter.path:
+        _trust(config, seat, "drafter", seat.drafter.path, facts.get(seat.drafter.path), report)
     if not isinstance(got, ModelFacts):
         report.warnings.append(f"seat {seat.name}: model {seat.model!r} cannot be read "
                                f"({got}); the seat will be FATAL until it can")
@@ -133,8 +159,14 @@ def render(report: Report) -> str:
         margin = "" if r.margin is None else str(r.margin)
         lines.append(f"{r.layer:<7}{r.seat:<16}{cap:>9}{margin:>8}  {r.note}")
     lines += [f"warning: {w}" for w in report.warnings]
+    lines += [f"FATAL: {f}" for f in report.fatal]
     lines += [f"error: {e}" for e in report.errors]
-    lines.append("config ok" if not report.errors else f"{len(report.errors)} error(s)")
+    if not report.errors and not report.fatal:
+        lines.append("config ok")
+    else:
+        lines.append(", ".join(part for part in (
+            f"{len(report.errors)} error(s)" if report.errors else "",
+            f"{len(report.fatal)} seat(s) FATAL" if report.fatal else "") if part))
     return "\n".join(lines)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.capcheck import ModelFacts, check
+from shared.capcheck import ModelFacts, Report, check, check_path, model_facts, render
 from shared.config import parse_config
 
 BASE = """
@@ -135,3 +135,42 @@ def test_daemons_refuse_to_start_on_cap_error(tmp_path: Path) -> None:
     res = subprocess.run([sys.executable, "-m", "sanctum.cli", "proxyd", "--config", str(cfg)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "context length 2048" in res.stderr
+
+
+def test_model_facts_carry_the_code_a_folder_names(tmp_path: Path) -> None:
+    """`model_facts` reads what a folder names as code; builtin folders name none."""
+    _model(tmp_path / "m" / "brain", 2048, "{}")
+    (tmp_path / "m" / "brain" / "config.json").write_text(json.dumps(
+        {"max_position_embeddings": 2048, "model_file": "evil.py"}))
+    config = parse_config(BASE.format(brain="", margin=64, route="", hosted=""),
+                          base_dir=str(tmp_path))
+    got = model_facts(config, "m/brain")
+    assert isinstance(got, ModelFacts) and [str(c) for c in got.own_code] == [
+        'config.json model_file = "evil.py"']
+    demo = model_facts(config, "builtin:demo")
+    assert isinstance(demo, ModelFacts) and demo.own_code == ()
+
+
+def test_render_shows_fatal_seats_and_counts_them() -> None:
+    """FATAL lines come before errors, and the last line counts both."""
+    assert render(Report([], [], [], ["seat a: x"])).splitlines()[-2:] == [
+        "FATAL: seat a: x", "1 seat(s) FATAL"]
+    assert render(Report([], ["e"], [], ["seat a: x"])).splitlines()[-1] == (
+        "1 error(s), 1 seat(s) FATAL")
+    assert render(Report([], [], [])).splitlines()[-1] == "config ok"
+
+
+def test_a_seat_that_will_be_fatal_does_not_stop_the_daemons(tmp_path: Path) -> None:
+    """preflight refuses cap errors only: an untrusted folder costs its seat, not the rest."""
+    from sanctum.cli import preflight
+
+    for name in ("brain", "coder"):
+        _model(tmp_path / "m" / name, 2048, "{}")
+    (tmp_path / "m" / "brain" / "config.json").write_text(json.dumps(
+        {"max_position_embeddings": 2048, "auto_map": {"AutoConfig": "c.C"}}))
+    config = parse_config(BASE.format(brain="", margin=64, route="", hosted=""),
+                          base_dir=str(tmp_path))
+    report = check_path(config)
+    assert report.errors == [] and len(report.fatal) == 1
+    assert 'config.json auto_map.AutoConfig = "c.C"' in report.fatal[0]
+    preflight(config)  # no SystemExit
