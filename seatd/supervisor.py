@@ -160,8 +160,14 @@ class Supervisor:
         """Why this seat cannot start, when that is knowable without starting it.
 
         A worker needs seconds to import MLX before it could say its model path is
-        missing; seatd can see that at once.  Everything else is the worker's to find.
+        missing, or that a folder names code its seat does not trust; seatd can see
+        that at once (the worker refuses it too).  Everything else is the worker's.
         """
+        from shared.model_trust import trust_refusal
+
+        untrusted = trust_refusal(self.config, seat.config)
+        if untrusted:
+            return untrusted
         spec = seat.config.model or ""
         if not spec or spec.startswith("builtin:"):
             return None

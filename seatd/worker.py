@@ -226,13 +226,17 @@ class SeatWorker:
         from seatd.model_load import load_for_compute, on_cpu
         from shared.builtin import resolve_model
         from shared.config import resolve_path
+        from shared.model_trust import UntrustedCode, trust_refusal
 
         assert self.seat.model is not None
         path = resolve_model(resolve_path(self.config, self.seat.model))
         if not path.exists():
             raise FileNotFoundError(f"{path} does not exist")
+        untrusted = trust_refusal(self.config, self.seat)  # the drafter's folder too
+        if untrusted:
+            raise UntrustedCode(untrusted)
         dtype = None if self.seat.compute_dtype == "auto" else self.seat.compute_dtype
-        got = load_for_compute(path, dtype)
+        got = load_for_compute(path, dtype, self.seat.trust_remote_code)
         cap = self.seat.max_prompt_tokens or default_seat_cap(got.context_length)
         spec = SeatSpeculation(self.config, self.seat, got.model, got.tokenizer_hash)
         digest = model_digest(path)
