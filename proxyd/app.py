@@ -15,12 +15,13 @@ from typing import Any
 import msgspec
 import structlog
 from aiohttp import web
+from aiohttp.web_urldispatcher import _default_expect_handler
 
 from proxyd.auth import auth
 from proxyd.counters import render_metrics
 from proxyd.front import serve
 from proxyd.hosted import HostedClient
-from proxyd.limits import body_too_large, check_body, refused_field
+from proxyd.limits import OverSize, body_too_large, check_body, refused_field
 from proxyd.openai_api import overrides, parse_chat, parse_completion, tools_json
 from proxyd.proxy import PROXY, Proxy
 from proxyd.readiness import health, live
@@ -116,6 +117,18 @@ async def read_body(request: web.Request) -> bytes:
     return await request.read()
 
 
+async def expect_body(request: web.Request) -> web.StreamResponse | None:
+    """`Expect: 100-continue` for a declared body past max_body_bytes: the 413 goes back
+    instead of the 100, so the body is never sent (curl asks so for any body over 1 MiB).
+    Any other: aiohttp's own answer (aiohttp has no public name for it)."""
+    try:
+        check_body(request.content_length, request.app[PROXY].config.proxy)
+    except OverSize as exc:
+        return _refused(request, exc)
+    await _default_expect_handler(request)
+    return None
+
+
 def _usage(req: Any) -> bool:
     return bool(req.stream_options and req.stream_options.include_usage)
 
@@ -184,8 +197,8 @@ def make_app(config: Config, clock: Clock = real_clock) -> web.Application:
                           client_max_size=config.proxy.max_body_bytes)
     app[PROXY] = Proxy(config, clock)
     app.cleanup_ctx.append(_lifecycle)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=expect_body)
+    app.router.add_post("/v1/completions", completions, expect_handler=expect_body)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/health/live", live)

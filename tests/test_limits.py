@@ -8,6 +8,7 @@ import gzip
 import http.client as httpclient
 import json
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -244,6 +245,31 @@ def test_a_declared_body_past_the_limit_is_413_before_it_is_read(proxy: str,
     assert refused_counts(proxy)["body"] == before + 1
     status, body = raw_post(proxy, path, b" " * 4096, {"Content-Type": "application/json"})
     assert status == 400 and error_of(body)["param"] == "body"
+
+
+def expect_continue(url: str, length: int) -> bytes:
+    """Send only the headers of a POST that declares `length` bytes and asks
+    `Expect: 100-continue`; what the proxy says before any body is sent."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {length}\r\n"
+                     "Expect: 100-continue\r\n\r\n".encode())
+        answer = sock.recv(65536)
+        if answer.startswith(b"HTTP/1.1 413"):
+            while b"}}" not in answer:  # the JSON body may come in a later segment
+                answer += sock.recv(65536)
+        return answer
+
+
+def test_expect_continue_past_the_limit_gets_the_413_instead_of_the_100(proxy: str) -> None:
+    """A client that asks before sending (curl, over 1 MiB) is told 413 with the numbers
+    and never sends the body; at the limit it is told to go on."""
+    answer = expect_continue(proxy, 4097)
+    assert answer.startswith(b"HTTP/1.1 413")
+    error = error_of(answer.split(b"\r\n\r\n", 1)[1])
+    assert (error["param"], error["limit"], error["actual"]) == ("body", 4096, 4097)
+    assert expect_continue(proxy, 4096).startswith(b"HTTP/1.1 100 Continue")
 
 
 def test_a_chunked_body_past_the_limit_is_413_naming_body(proxy: str) -> None:
