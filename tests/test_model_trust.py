@@ -242,16 +242,16 @@ def test_worker_refuses_untrusted_folder(evil: Path, tmp_path: Path, drafter: bo
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _, err = proc.communicate(timeout=120)
+        assert_gone({proc.pid}, timeout=10)
+        assert proc.returncode == 79, err[-2000:]
+        role = "drafter" if drafter else "model"
+        said = reason.read_text()
+        assert said.startswith(f"{role} folder {evil} names its own code"), said
+        assert 'set trust_remote_code = true on seat "demo"' in said
+        assert not (evil / "ran").exists()
+        assert not list(state.glob("*.sock")), "the worker removes its socket file"
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert_gone({proc.pid}, timeout=10)
-    assert proc.returncode == 79, err[-2000:]
-    role = "drafter" if drafter else "model"
-    said = reason.read_text()
-    assert said.startswith(f"{role} folder {evil} names its own code"), said
-    assert 'set trust_remote_code = true on seat "demo"' in said
-    assert not (evil / "ran").exists()
-    assert not list(state.glob("*.sock")), "the worker removes its socket file"
-    shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(state, ignore_errors=True)
