@@ -22,6 +22,7 @@ from shared.builtin import resolve_model, tokenizer_hash
 from shared.caps import Verdict
 from shared.config import Config, SeatConfig, resolve_path
 from shared.errors import BadRequest
+from shared.model_trust import trust_refusal
 from shared.prompt import load_tokenizer, prompt_bound, prompt_ids
 from shared.protocol import Generate
 
@@ -39,6 +40,10 @@ class Admission:
     async def start(self) -> None:
         for seat in self.config.local_seats:
             assert seat.model is not None
+            untrusted = trust_refusal(self.config, seat)
+            if untrusted is not None:  # its code must not run here either; seatd refuses it
+                log.warning("tokenizer_untrusted", seat=seat.name, reason=untrusted)
+                continue
             try:
                 path = resolve_model(resolve_path(self.config, seat.model))
                 self.contexts[seat.name] = caps.model_context(path)
@@ -49,7 +54,8 @@ class Admission:
                 continue
             self.dirs[seat.name] = path
             if path not in self._loading:
-                self._loading[path] = asyncio.create_task(asyncio.to_thread(load_tokenizer, path))
+                self._loading[path] = asyncio.create_task(
+                    asyncio.to_thread(load_tokenizer, path, seat.trust_remote_code))
 
     async def stop(self) -> None:
         for task in self._loading.values():

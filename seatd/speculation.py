@@ -65,7 +65,7 @@ class SeatSpeculation:
             if not path.exists():
                 raise FileNotFoundError(f"{path} does not exist")
             dtype = None if seat.compute_dtype == "auto" else seat.compute_dtype
-            loaded = load_for_compute(path, dtype)
+            loaded = load_for_compute(path, dtype, seat.trust_remote_code)
         except Exception as exc:  # a drafter that cannot load costs speed, not the seat
             log.error("drafter_load_failed", path=seat.drafter.path, error=str(exc))
             self.unusable = "no_drafter"

@@ -16,11 +16,12 @@ from typing import Any
 from shared.protocol import ChatMessage
 
 
-def load_tokenizer(model_dir: Path) -> Any:
-    """The tokenizer alone, without the model's weights."""
+def load_tokenizer(model_dir: Path, trust_remote_code: bool = False) -> Any:
+    """The tokenizer alone, without the model's weights.  A folder whose tokenizer
+    names code of its own is refused unless trusted (shared/model_trust.py)."""
     from mlx_lm.tokenizer_utils import load
 
-    return load(Path(model_dir))
+    return load(Path(model_dir), tokenizer_config_extra={"trust_remote_code": trust_remote_code})
 
 
 # Tokens a tokenizer may add that stand for no byte of the text: BOS/EOS, a

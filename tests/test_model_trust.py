@@ -255,3 +255,25 @@ def test_worker_refuses_untrusted_folder(evil: Path, tmp_path: Path, drafter: bo
             proc.kill()
             proc.wait()
         shutil.rmtree(state, ignore_errors=True)
+
+
+@pytest.mark.parametrize("trust", [False, True], ids=["untrusted", "trusted"])
+def test_the_proxy_loads_no_untrusted_tokenizer(evil: Path, tmp_path: Path, trust: bool) -> None:
+    """proxyd counts prompts with a seat's tokenizer; it leaves an untrusted folder's alone
+    (the seat is FATAL, and its code must not run in the proxy either)."""
+    import asyncio
+
+    from proxyd.admission import Admission
+    from shared.config import load_config
+
+    config = load_config(_config(evil, tmp_path, trust=trust))
+
+    async def started() -> Admission:
+        admission = Admission(config)
+        await admission.start()
+        await admission.stop()
+        return admission
+
+    admission = asyncio.run(started())
+    assert ("demo" in admission.dirs) is trust
+    assert not (evil / "ran").exists()  # model_file is the model's code, never the tokenizer's
