@@ -52,7 +52,7 @@ from seatd.states import (
     stop_deadline,
     transition,
 )
-from shared import exitcodes, protocol
+from shared import curve, exitcodes, protocol
 from shared.config import (
     Config,
     SeatConfig,
@@ -62,6 +62,7 @@ from shared.config import (
     unlink_endpoint,
     worker_endpoint,
 )
+from shared.private_files import make_private_dir
 
 log = structlog.get_logger()
 
@@ -107,7 +108,7 @@ class Supervisor:
         self.config_path = config_path
         self.policy = policy_for(config)
         self.state_dir = state_dir(config)
-        self.seats = {seat.name: Seat(seat.name, seat) for seat in config.local_seats}
+        self.seats = {seat.name: Seat(seat.name, seat) for seat in config.supervised_seats}
         for seat in self.seats.values():
             seat.reason_file = self.state_dir / f"exit-{seat.name}.reason"
             seat.totals_file = ledger.path_for(self.state_dir, seat.name)
@@ -210,7 +211,8 @@ class Supervisor:
         sock = self.beat_ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.connect(worker_endpoint(self.config, seat.name))
+        curve.dial(sock, worker_endpoint(self.config, seat.name),
+                   curve.client_keys(self.config, seat.config, proxy=False))
         seat.sock = sock
 
     def ping(self, seat: Seat, now: float) -> None:
@@ -381,7 +383,7 @@ class Supervisor:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.state_dir)
         self.ctx = zmq.asyncio.Context()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared import caps
+from shared import caps, curve
 from shared.builtin import resolve_model, tokenizer_hash
 from shared.config import Config, SeatConfig, resolve_path
 from shared.model_trust import OwnCode, own_code, refusal
@@ -171,7 +171,9 @@ def render(report: Report) -> str:
 
 
 def check_path(config: Config) -> Report:
-    return check(config, gather(config))
+    report = check(config, gather(config))
+    report.errors.extend(curve.problems(config))  # key files: readable, secrets 0600
+    return report
 
 
 __all__ = ["ModelFacts", "Report", "Row", "check", "check_path", "gather", "render"]
