@@ -17,7 +17,7 @@ import structlog
 from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler
 
-from proxyd.auth import auth
+from proxyd.auth import allowed_routes, auth
 from proxyd.counters import render_metrics
 from proxyd.front import serve
 from proxyd.hosted import HostedClient
@@ -156,8 +156,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     proxy = request.app[PROXY]
+    may_use = allowed_routes(request)  # a key with an allow-list sees only its routes
     data = [{"id": r.model, "object": "model", "created": 0, "owned_by": "sanctum",
-             "ladder": list(r.ladder), "offbox": r.offbox} for r in proxy.config.route]
+             "ladder": list(r.ladder), "offbox": r.offbox}
+            for r in proxy.config.route if may_use(r.model)]
     return json_response({"object": "list", "data": data})
 
 
