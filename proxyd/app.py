@@ -58,6 +58,8 @@ def error_response(exc: SanctumError, rid: str | None = None) -> web.Response:
     headers = {"X-Request-Id": rid} if rid else {}
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(exc.retry_after_s)
+    if exc.status == 401:  # RFC 9110: a 401 names the scheme it wants
+        headers["WWW-Authenticate"] = 'Bearer realm="sanctum"'
     return json_response(exc.body(), exc.status, headers or None)
 
 

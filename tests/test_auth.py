@@ -160,8 +160,9 @@ def test_every_guarded_route_needs_a_key(make_rig: MakeRig) -> None:
     refusal is counted by its reason."""
     rig = make_rig(clock=ManualClock())
     for method, path, body in GUARDED:
-        code, _, raw = call(rig, method, path, body)
+        code, headers, raw = call(rig, method, path, body)
         assert (code, error_of(raw)["code"]) == (401, "missing_api_key"), path
+        assert headers["WWW-Authenticate"].startswith("Bearer"), path
         for wrong in (bearer(WRONG), {"x-api-key": WRONG}):
             code, _, raw = call(rig, method, path, body, wrong)
             error = error_of(raw)
