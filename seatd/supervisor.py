@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
 import psutil
 import structlog
 import zmq
@@ -119,6 +118,7 @@ class Supervisor:
         # they are plain sockets on a context of their own.
         self.beat_ctx = zmq.Context()
         self.stopping = False
+        self.bad_control_frames = 0
 
     # -- state machine plumbing -------------------------------------------
 
@@ -231,10 +231,7 @@ class Supervisor:
                 payload = seat.sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            try:
-                reply = protocol.reply_decoder.decode(payload)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
+            reply = protocol.read_reply(payload)  # anything but a Pong is not a heartbeat
             if isinstance(reply, protocol.Pong) and seat.proc is not None \
                     and reply.pid == seat.proc.pid:
                 seat.heard_at = time.monotonic()
@@ -324,7 +321,7 @@ class Supervisor:
                 name=seat.name, state=seat.state.state.value, pid=pid, rss_bytes=rss,
                 uptime_s=uptime, restarts=seat.state.restarts, incarnation=seat.incarnation,
                 last_exit=seat.state.last_exit))
-        return protocol.StatusReply(tuple(rows))
+        return protocol.StatusReply(tuple(rows), self.bad_control_frames)
 
     def counters(self) -> protocol.SeatCounters:
         out: dict[str, dict[str, object]] = {}
@@ -350,24 +347,25 @@ class Supervisor:
         assert self.ctx is not None
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, protocol.CONTROL_MAX_FRAME_BYTES)
         sock.bind(control_endpoint(self.config))
         try:
             while True:
-                identity, *_, payload = await sock.recv_multipart()
+                frames = await sock.recv_multipart()
+                message = protocol.read_control_frames(frames)
                 reply: protocol.ControlReply
-                try:
-                    message = protocol.control_decoder.decode(payload)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    reply = protocol.ControlError(f"bad control frame: {exc}")
-                else:
-                    match message:
-                        case protocol.StatusQuery():
-                            reply = self.status()
-                        case protocol.GetCounters():
-                            reply = self.counters()
-                        case protocol.RestartSeat(seat=name):
-                            reply = self.restart(name)
-                await sock.send_multipart([identity, b"", protocol.encode(reply)])
+                match message:
+                    case protocol.Refused(reason=reason, error=error):
+                        self.bad_control_frames += 1
+                        log.warning("bad_control_frame", reason=reason, error=error)
+                        reply = protocol.control_refusal(message)
+                    case protocol.StatusQuery():
+                        reply = self.status()
+                    case protocol.GetCounters():
+                        reply = self.counters()
+                    case protocol.RestartSeat(seat=name):
+                        reply = self.restart(name)
+                await sock.send_multipart([frames[0], b"", protocol.encode(reply)])
         finally:
             sock.close(linger=0)
 
