@@ -273,10 +273,12 @@ def cmd_restart(args: argparse.Namespace) -> int:
 def _fetch_counters(config: Config) -> dict[str, Any]:
     host, port = listen_address(config)
     url = f"http://{host}:{port}/counters"
+    from proxyd.keys import cli_key
+
     headers = {}
-    keys_env = config.proxy.api_keys_env
-    if keys_env and os.environ.get(keys_env):
-        headers["Authorization"] = f"Bearer {os.environ[keys_env].split(',')[0].strip()}"
+    key = cli_key(config, os.environ)  # the variable's first key, else the key file's
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
             got: dict[str, Any] = json.loads(r.read())

@@ -334,3 +334,18 @@ def test_no_secret_leaks(make_rig: MakeRig) -> None:
             assert secret not in text, (secret, place)
         if secret != HOSTED_KEY:
             assert secret not in upstream_saw
+
+
+def test_sanctum_counters_sends_a_key_of_the_file(make_rig: MakeRig) -> None:
+    """`sanctum counters` reads the proxy's counters with the first key of the file when
+    the variable is unset (without a key /counters is a 401 and it would fall back to
+    seatd, which this rig does not run)."""
+    rig = make_rig(clock=ManualClock())
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    done = subprocess.run([sys.executable, "-m", "sanctum.cli", "counters", "--json",
+                           "--config", str(rig.config)], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    proxy = json.loads(done.stdout)["proxy"]
+    assert proxy["auth_failures"] == {} and proxy["requests"] == 0
+    assert not any(secret in done.stdout + done.stderr for secret in ALL_SECRETS)
