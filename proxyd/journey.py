@@ -8,10 +8,18 @@ be tried: `ladder.plan`; whether the prompt fits a rung: `Admission.judge` and
 attempt's end means before and after commit: `ladder.decide`; what it tells the
 circuit: `ladder.breaker_verdict`; what a continuing rung is asked:
 `ladder.continued`; which error ends a request no rung answered:
-`conclusion.conclude`).  The journey calls them in order, counts, logs, and
-yields `proxyd.events` for a front door to render.  A request no rung answered
-before commit ends with the conclusion's error, raised; a stream that began and
-that no later rung could finish ends with an `Abort`.
+`conclusion.conclude`; whether a rung is ready, loading or down:
+`proxyd.seat_state`).  The journey calls them in order, counts, logs, and
+yields `proxyd.events` for a front door to render.
+
+Before its commit, a request that reaches a loading local seat with no ready rung
+after it waits (proxyd/load_wait.py) for one to be ready, at most
+`proxy.load_wait_s` in all, then goes on down the ladder; a request whose wait runs
+out gets 503 `loading` with Retry-After.  A loading seat with a ready rung after it
+is passed over at once (`failed:not_ready`): the first ready rung answers.
+
+A request no rung answered before commit ends with the conclusion's error, raised;
+a stream that began and that no later rung could finish ends with an `Abort`.
 
 The front door tells the journey when its client went away (`left()`) and then
 stops iterating; closing the iterator ends the seat's attempt (its work is
@@ -46,10 +54,13 @@ from proxyd.ladder import (
     plan,
     prefix_ids,
 )
+from proxyd.load_wait import Waited, must_wait, wait_for_rung
 from proxyd.proxy import Proxy
+from proxyd.readiness import rung_states
 from proxyd.seat_client import SeatClient
+from proxyd.seat_state import SeatState
 from shared.config import RouteConfig
-from shared.errors import client_error
+from shared.errors import Loading, client_error
 from shared.protocol import Chunk, Failed, Final, Generate, Outcome, Rejected, Retry
 
 log = structlog.get_logger()
@@ -71,6 +82,7 @@ class Journey:
         self.sent: list[str] = []  # the text the client has, as it went out
         self.created = int(time.time())
         self.started = time.monotonic()
+        self.load_deadline: float | None = None  # on the proxy's clock, once it waited
 
     def record(self, seat: str, outcome: Outcome | Skipped) -> None:
         self.attempts.append((seat, outcome))
@@ -105,7 +117,7 @@ class Journey:
         answer: Answer | None = None
         broke: tuple[str, Failed | Rejected] | None = None  # the last rung that failed
         over_cap: list[dict[str, str | int]] = []  # continuations too long for a rung
-        for name in self.plan.rungs:
+        for i, name in enumerate(self.plan.rungs):
             self.seat = name
             seat_cfg = proxy.seats[name]
             client = proxy.clients[name]
@@ -115,6 +127,15 @@ class Journey:
             pong = client.pong if isinstance(client, SeatClient) else None
             verdict = await proxy.admission.judge(seat_cfg, gen, memo,
                                                   pong.max_prompt_tokens if pong else 0)
+            if (verdict.admitted and not self.committed and isinstance(client, SeatClient)
+                    and client.state is SeatState.LOADING):
+                waited = await self.wait_for_load(self.plan.rungs[i:])
+                if waited is Waited.GONE:
+                    return
+                if waited is not None:  # a seat that loaded meanwhile tells its own cap
+                    pong = client.pong
+                    verdict = await proxy.admission.judge(
+                        seat_cfg, gen, memo, pong.max_prompt_tokens if pong else 0)
             if not verdict.admitted:
                 self.record(name, Skipped("over_cap", verdict))
                 if self.committed:
@@ -259,12 +280,46 @@ class Journey:
                         answer.segments, over_cap)
             return
         # Every allowed rung failed or was skipped; nothing was sent.
-        end = conclude(self.attempts, self.plan, self.route.model)
+        states = rung_states(proxy, self.plan.rungs)
+        end = conclude(self.attempts, self.plan, self.route.model,
+                       frozenset(n for n, s in states.items() if s is SeatState.LOADING))
         if end.counter is not None:
             counters.inc(end.counter)
         if end.refused_tokens is not None:
             counters.refused(end.refused_tokens)
         raise end.error
+
+    async def wait_for_load(self, rungs: tuple[str, ...]) -> Waited | None:
+        """Wait, if none of `rungs` (this one and those after it) is ready and some is
+        loading, for one to be ready; None: no need.  The request's waits share one
+        deadline.  A wait that runs out raises `Loading`."""
+        proxy = self.proxy
+        if not must_wait(proxy, rungs):
+            return None
+        rid, wait_s = self.gen.request_id, proxy.config.proxy.load_wait_s
+        began = proxy.clock()
+        if self.load_deadline is None:
+            self.load_deadline = began + wait_s
+        log.info("load_wait", request_id=rid, seat=rungs[0], rungs=list(rungs),
+                 wait_s=round(self.load_deadline - began, 3))
+        waited = await wait_for_rung(proxy, rungs, self.load_deadline, self.gone)
+        if waited is Waited.GONE:
+            # Nothing was asked of any seat: no attempt to record.
+            proxy.counters.inc("client_disconnects")
+            log.info("client_disconnected", request_id=rid, seat=rungs[0], committed=False,
+                     during="load_wait")
+            return waited
+        proxy.counters.inc("load_waits", waited.value)
+        log.info("load_waited", request_id=rid, outcome=waited.value,
+                 waited_s=round(proxy.clock() - began, 3))
+        if waited is Waited.TIMEOUT:
+            loading = [n for n, s in rung_states(proxy, rungs).items()
+                       if s is SeatState.LOADING]
+            raise Loading(f"route {self.route.model!r} is still loading: no seat of it "
+                          f"was ready within {wait_s:g}s ({', '.join(loading)} loading); "
+                          "retry shortly", attempts=attempts_header(self.attempts),
+                          loading=loading)
+        return waited
 
     def note(self, answer: Answer, name: str, frame: Chunk) -> None:
         """The answer's facts from the rung sending now: each chunk names its writer."""

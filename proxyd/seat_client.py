@@ -21,6 +21,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from proxyd.seat_state import SeatFacts, SeatState, seat_state
 from shared import clock as clocks
 from shared import protocol
 from shared.clock import Clock
@@ -124,6 +125,10 @@ class SeatClient:
         self.sock.connect(endpoint)
         self.pong: Pong | None = None
         self.heard_at = 0.0
+        self.started_at: float | None = None  # when this client began watching its seat
+        self.was_ready = False  # some pong since then said ready
+        self.waiting = 0  # requests waiting for this seat to be ready (proxyd/load_wait.py)
+        self._pong_waiters: list[asyncio.Future[None]] = []
         self.bad_frames = 0
         self._pending: dict[str, Inbox] = {}
         self._counter_waiters: list[asyncio.Future[dict[str, object]]] = []
@@ -139,6 +144,23 @@ class SeatClient:
     def ready(self) -> bool:
         return self.alive and self.pong is not None and self.pong.ready
 
+    @property
+    def state(self) -> SeatState:
+        """Ready, loading or down (proxyd/seat_state.py)."""
+        started = self.started_at if self.started_at is not None else self.clock()
+        return seat_state(SeatFacts(self.alive, bool(self.pong and self.pong.ready),
+                                    self.pong is not None, self.was_ready,
+                                    self.clock() - started))
+
+    def next_pong(self) -> asyncio.Future[None]:
+        """A future done when the next pong arrives (readiness changes only then, or
+        with silence, which a waiter sees by looking again)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # A waiter that stopped waiting cancelled its future: drop those here.
+        self._pong_waiters = [f for f in self._pong_waiters if not f.done()]
+        self._pong_waiters.append(fut)
+        return fut
+
     def _lose_all(self, reason: str, only_incarnation: int | None = None) -> None:
         for rid, inbox in list(self._pending.items()):
             if only_incarnation is None or inbox.incarnation == only_incarnation:
@@ -147,6 +169,7 @@ class SeatClient:
     # -- background tasks -------------------------------------------------
 
     def start(self) -> None:
+        self.started_at = self.clock()
         self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._beat())]
 
     async def close(self) -> None:
@@ -200,6 +223,10 @@ class SeatClient:
             case Pong():
                 old = self.pong
                 self.pong = reply
+                self.was_ready = self.was_ready or reply.ready
+                pongs, self._pong_waiters = self._pong_waiters, []
+                for woken in pongs:
+                    _wake(woken)
                 if old is not None and old.incarnation != reply.incarnation:
                     # Whatever the old incarnation was doing is gone with it.
                     self._lose_all("worker_lost", only_incarnation=old.incarnation)
