@@ -445,6 +445,20 @@ class SeatWorker:
             await asyncio.sleep(0.05)
         self.stopped.set()
 
+    async def loaded_or_stopped(self) -> Loaded | None:
+        """The model, or None when the worker is told to stop while it loads: a large
+        model loads for longer than a drain, and waiting would end in a kill, which
+        leaves the socket file behind.  The load's thread is left to the exit."""
+        assert self.loop is not None
+        load = self.loop.run_in_executor(self.mlx, self.load)
+        stop = self.loop.create_task(self.stopped.wait())
+        await asyncio.wait((load, stop), return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if load.done():
+            return load.result()
+        log.info("stopped_while_loading")
+        return None
+
     async def run(self) -> int:
         self.loop = asyncio.get_running_loop()
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -459,7 +473,10 @@ class SeatWorker:
         code = exitcodes.OK
         try:
             try:
-                self.loaded = await self.loop.run_in_executor(self.mlx, self.load)
+                loaded = await self.loaded_or_stopped()
+                if loaded is None:
+                    return code  # stopped while the model loaded: nothing to drain
+                self.loaded = loaded
             except Exception as exc:
                 log.error("model_load_failed", model=self.seat.model, error=str(exc))
                 exitcodes.record_reason(str(exc) or type(exc).__name__)
