@@ -34,7 +34,8 @@ LABELLED: dict[str, tuple[str, ...]] = {
     "auth_failures": ("reason",),
     "rate_limited": ("key",),
     "input_refused": ("field",),
-    # requests that found their route still loading: how the wait ended (ready, timeout)
+    # requests that found their route still loading: how the wait ended (ready, timeout,
+    # down: nothing was loading any more)
     "load_waits": ("outcome",),
 }
 # Labelled counters shown in /counters as {label: count}.
