@@ -25,6 +25,7 @@ from proxyd.keys import KeyRing, load_keys
 from proxyd.ladder import Health, breaker_verdict
 from proxyd.seat_client import SeatClient
 from shared import clock as clocks
+from shared import curve
 from shared.clock import Clock
 from shared.config import Config, SeatConfig, control_endpoint, worker_endpoint
 from shared.protocol import GetCounters, Outcome, control_reply_decoder, encode
@@ -59,7 +60,8 @@ class Proxy:
         p = self.config.proxy
         for seat in self.config.local_seats:
             client = SeatClient(seat.name, worker_endpoint(self.config, seat.name), self.ctx,
-                                p.heartbeat_s, p.liveness, seat.queue_timeout_s, self.clock)
+                                p.heartbeat_s, p.liveness, seat.queue_timeout_s, self.clock,
+                                curve.client_keys(self.config, seat, proxy=True))
             client.start()
             self.clients[seat.name] = client
         for seat in hosted_seats(self.config):

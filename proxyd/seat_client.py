@@ -23,8 +23,9 @@ import zmq.asyncio
 
 from proxyd.seat_state import SeatFacts, SeatState, seat_state
 from shared import clock as clocks
-from shared import protocol
+from shared import curve, protocol
 from shared.clock import Clock
+from shared.curve import ClientKeys
 from shared.protocol import Chunk, Failed, Final, Generate, Pong, SeatFrame, Started
 
 log = structlog.get_logger()
@@ -110,7 +111,7 @@ class Inbox:
 class SeatClient:
     def __init__(self, name: str, endpoint: str, ctx: zmq.asyncio.Context,
                  heartbeat_s: float = 1.0, liveness: int = 3, queue_s: float = 120.0,
-                 clock: Clock = clocks.monotonic) -> None:
+                 clock: Clock = clocks.monotonic, keys: ClientKeys | None = None) -> None:
         self.name = name
         self.clock = clock
         self.endpoint = endpoint
@@ -122,7 +123,7 @@ class SeatClient:
         # Queue only to a connected worker: a frame must never wait in a pipe
         # for the next incarnation of a crashed worker.
         self.sock.setsockopt(zmq.IMMEDIATE, 1)
-        self.sock.connect(endpoint)
+        curve.dial(self.sock, endpoint, keys)  # CURVE where the seat has keys
         self.pong: Pong | None = None
         self.heard_at = 0.0
         self.started_at: float | None = None  # when this client began watching its seat

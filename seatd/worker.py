@@ -38,7 +38,7 @@ from seatd.prompt_cache import SeatPromptCache
 from seatd.sampling import KEYED_RULE
 from seatd.speculation import SeatSpeculation
 from seatd.turns import turn_cuts, turn_marks
-from shared import exitcodes, lifecycle, protocol
+from shared import curve, exitcodes, lifecycle, protocol
 from shared.caps import default_seat_cap, seat_refusal
 from shared.config import (
     Config,
@@ -50,6 +50,7 @@ from shared.config import (
     worker_endpoint,
 )
 from shared.logs import setup_logging
+from shared.private_files import make_private_dir
 from shared.prompt import prompt_ids
 from shared.protocol import (
     Cancel,
@@ -461,11 +462,13 @@ class SeatWorker:
 
     async def run(self) -> int:
         self.loop = asyncio.get_running_loop()
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dir(self.state_dir)
         ctx = zmq.asyncio.Context()
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(worker_endpoint(self.config, self.seat.name))
+        gate = curve.bind_seat(ctx, self.sock, worker_endpoint(self.config, self.seat.name),
+                               curve.server_keys(self.config, self.seat), self.seat.name,
+                               lambda: self.counters.inc("curve_denied"))
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.begin_drain, self.config.seatd.drain_s)
         receiver = self.loop.create_task(self.receive())
@@ -493,6 +496,8 @@ class SeatWorker:
             receiver.cancel()
             self.counters.persist()
             self.sock.close(linger=0)
+            if gate is not None:
+                gate.stop()
             ctx.term()
             unlink_endpoint(worker_endpoint(self.config, self.seat.name))
             self.mlx.shutdown(wait=False, cancel_futures=True)
@@ -540,6 +545,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config)
         seat = config.seat_by_name(args.seat)
+        curve.server_keys(config, seat)  # a key file that cannot be used: say so, once
     except (ConfigError, KeyError) as exc:
         log.error("config_error", error=str(exc))
         exitcodes.record_reason(str(exc))
