@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from shared import protocol
 from shared.endpoints import EndpointError, parse_endpoint
 
 DEFAULT_CONFIG_NAME = "default_config.toml"
@@ -44,9 +45,11 @@ class ProxyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_body_bytes: PositiveInt = 8 * 1024 * 1024
     max_messages: PositiveInt = 1024
     max_content_chars: PositiveInt = 1024 * 1024   # one message's text, or one prompt
-    max_completion_tokens: PositiveInt = 65536     # the largest max_tokens one may ask
-    max_stop: PositiveInt = 16
-    max_stop_chars: PositiveInt = 256
+    # Each within what a seat accepts on the wire (shared/protocol.py), so the proxy
+    # never passes on a request that a seat would refuse as a bad frame.
+    max_completion_tokens: Annotated[int, msgspec.Meta(gt=0, le=protocol.MAX_NEW_TOKENS)] = 65536
+    max_stop: Annotated[int, msgspec.Meta(gt=0, le=protocol.MAX_STOPS)] = 16
+    max_stop_chars: Annotated[int, msgspec.Meta(gt=0, le=protocol.MAX_STOP_CHARS)] = 256
     max_tools: PositiveInt = 128
     max_schema_bytes: PositiveInt = 64 * 1024      # one tool's parameters, or a schema
     # Hosted rungs are counted by an upper-bound estimate, so they hold back more.

@@ -67,6 +67,11 @@ def test_good_config_decodes_with_defaults() -> None:
         (('name = "hosted"', 'name = "brain"'), "duplicate seat name"),
         (('model = "models/brain"', ""), "seat[0] (brain).model"),
         (("[[route]]", "[[route]]\n[[route]]"), "route"),
+        # limits past what a seat accepts on the wire (shared/protocol.py)
+        (("[proxy]", "[proxy]\nmax_stop = 65"), "$.proxy.max_stop"),
+        (("[proxy]", "[proxy]\nmax_stop_chars = 1025"), "$.proxy.max_stop_chars"),
+        (("[proxy]", "[proxy]\nmax_completion_tokens = 2147483648"),
+         "$.proxy.max_completion_tokens"),
     ],
 )
 def test_bad_config_names_the_key(edit: tuple[str, str], needle: str) -> None:
