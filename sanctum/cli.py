@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -33,6 +33,9 @@ from shared.config import (
     load_config,
     with_port,
 )
+
+if TYPE_CHECKING:
+    from shared.capcheck import Report
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -325,9 +328,35 @@ def cmd_counters(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from shared.capcheck import check_path, render
 
-    report = check_path(_load(args))
+    config = _load(args)
+    report = check_path(config)
+    _check_keys(config, report)
     print(render(report))
     return 1 if report.errors or report.fatal else 0
+
+
+def _check_keys(config: Config, report: Report) -> None:
+    """The client keys as proxyd will load them (the variable as this shell has it): a
+    missing, too open or malformed key file is an error; a port open to the network
+    without keys, a warning.  Never a key in either."""
+    from proxyd.keys import load_keys
+
+    try:
+        keys = load_keys(config, os.environ, warn=False)
+    except ConfigError as exc:
+        report.errors.append(f"client keys: {exc}")
+        return
+    if not keys and _open_listen(config):
+        report.warnings.append(
+            f"proxy.listen {config.proxy.listen} is reachable from the network and no "
+            "client key is set: anyone there may use every route (set api_keys_file or "
+            "api_keys_env)")
+
+
+def _open_listen(config: Config) -> bool:
+    from shared.endpoints import is_loopback
+
+    return not is_loopback(listen_address(config)[0])
 
 
 def preflight(config: Config) -> None:

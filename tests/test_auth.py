@@ -349,3 +349,55 @@ def test_sanctum_counters_sends_a_key_of_the_file(make_rig: MakeRig) -> None:
     proxy = json.loads(done.stdout)["proxy"]
     assert proxy["auth_failures"] == {} and proxy["requests"] == 0
     assert not any(secret in done.stdout + done.stderr for secret in ALL_SECRETS)
+
+
+CHECK_CONFIG = """
+[proxy]
+listen = "{listen}"
+{keys}
+
+[[seat]]
+name = "up"
+kind = "openai"
+base_url = "http://127.0.0.1:9/v1"
+
+[[route]]
+model = "m"
+ladder = ["up"]
+
+[[route]]
+model = "n"
+ladder = ["up"]
+"""
+
+
+@pytest.mark.parametrize(("listen", "keys", "mode", "code", "says"), [
+    ("0.0.0.0:8800", "", None, 0, "warning: proxy.listen 0.0.0.0:8800 is reachable"),
+    ("127.0.0.1:8800", "", None, 0, None),
+    ("0.0.0.0:8800", "file", 0o600, 0, None),
+    ("127.0.0.1:8800", "file", 0o644, 1, "error: client keys: "),
+], ids=["open-no-keys", "loopback-no-keys", "open-with-keys", "loose-key-file"])
+def test_sanctum_check_looks_at_the_keys(tmp_path: Path, listen: str, keys: str,
+                                         mode: int | None, code: int, says: str | None) -> None:
+    """`sanctum check` fails on a key file proxyd would refuse (naming the chmod, never
+    the key) and warns when the port reaches the network with no key set."""
+    setting = ""
+    if keys:
+        path = tmp_path / "keys"
+        path.write_text(KEY_FILE)
+        assert mode is not None
+        path.chmod(mode)
+        setting = f'api_keys_file = "{path}"'
+    config = tmp_path / "sanctum.toml"
+    config.write_text(CHECK_CONFIG.format(listen=listen, keys=setting))
+    done = subprocess.run([sys.executable, "-m", "sanctum.cli", "check", "--config",
+                           str(config)], capture_output=True, text=True, timeout=60)
+    out = done.stdout + done.stderr
+    assert done.returncode == code, out
+    if says is None:
+        assert "warning: proxy.listen" not in out and "client keys" not in out
+    else:
+        assert says in out
+    if mode == 0o644:
+        assert "chmod 600" in out
+    assert not any(secret in out for secret in ALL_SECRETS)
