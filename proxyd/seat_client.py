@@ -213,11 +213,11 @@ class SeatClient:
                 self._take(payload)
 
     def _take(self, payload: bytes) -> None:
-        try:
-            reply = protocol.reply_decoder.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        reply = protocol.read_reply(payload)
+        if isinstance(reply, protocol.Refused):
             self.bad_frames += 1
-            log.warning("bad_frame_from_seat", seat=self.name, error=str(exc))
+            log.warning("bad_frame_from_seat", seat=self.name, reason=reply.reason,
+                        error=reply.error)
             return
         self.heard_at = self.clock()
         match reply:
@@ -240,8 +240,13 @@ class SeatClient:
                 for fut in waiters:
                     if not fut.done():
                         fut.set_result(counters)
-            case protocol.BadFrame(error=error):
-                log.error("seat_refused_frame", seat=self.name, error=error)
+            case protocol.BadFrame(error=error, reason=reason, request_id=rid):
+                log.error("seat_refused_frame", seat=self.name, error=error, reason=reason,
+                          seat_speaks=reply.speaks)
+                inbox = self._pending.get(rid) if rid else None
+                if inbox is not None:  # that attempt ends now, not at its clock
+                    inbox.put(Final(rid, Failed(reason or "bad_frame", error), self.name, 0,
+                                    inbox.incarnation))
 
     # -- requests ---------------------------------------------------------
 

@@ -38,7 +38,7 @@ from seatd.prompt_cache import SeatPromptCache
 from seatd.sampling import KEYED_RULE
 from seatd.speculation import SeatSpeculation
 from seatd.turns import turn_cuts, turn_marks
-from shared import curve, exitcodes, lifecycle, protocol
+from shared import curve, exitcodes, lifecycle, protocol, seat_side
 from shared.caps import default_seat_cap, seat_refusal
 from shared.config import (
     Config,
@@ -65,6 +65,7 @@ from shared.protocol import (
     Outcome,
     Ping,
     Pong,
+    Refused,
     Rejected,
     Shutdown,
     Started,
@@ -177,16 +178,19 @@ class SeatWorker:
     async def receive(self) -> None:
         assert self.sock is not None
         while True:
-            frames = await self.sock.recv_multipart()
-            identity, payload = frames[0], frames[-1]
-            try:
-                message = protocol.request_decoder.decode(payload)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                self.counters.inc("bad_frames")
-                log.warning("bad_frame", error=str(exc))
-                self.send(identity, protocol.BadFrame(error=str(exc)))
-                continue
-            self.handle(identity, message)
+            identity, message = seat_side.read_frames(await self.sock.recv_multipart())
+            if isinstance(message, Refused):
+                self.refuse(identity, message)
+            else:
+                self.handle(identity, message)
+
+    def refuse(self, identity: bytes, refused: Refused) -> None:
+        """A frame that was not taken: counted and answered (shared/seat_side.py)."""
+        self.counters.inc("bad_frames")
+        log.warning("bad_frame", reason=refused.reason, error=refused.error)
+        self.send(identity, seat_side.refusal_reply(refused, self.seat.name,
+                                                    self.counters.served,
+                                                    self.counters.incarnation))
 
     def handle(self, identity: bytes, message: protocol.Request) -> None:
         match message:
@@ -197,6 +201,8 @@ class SeatWorker:
                 rid = message.request_id
                 if self.loaded is None or self.engine is None:
                     self.send(identity, self.final(job, Failed("not_ready", "model loading")))
+                elif (bad := seat_side.out_of_vocabulary(message, self.loaded.width)) is not None:
+                    self.refuse(identity, bad)
                 elif self.draining:
                     self.send(identity, self.final(job, Failed("draining", "seat stopping")))
                 elif len(self.waiting) >= self.seat.max_queued:
@@ -466,6 +472,7 @@ class SeatWorker:
         ctx = zmq.asyncio.Context()
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, seat_side.frame_bound(self.config.proxy))
         gate = curve.bind_seat(ctx, self.sock, worker_endpoint(self.config, self.seat.name),
                                curve.server_keys(self.config, self.seat), self.seat.name,
                                lambda: self.counters.inc("curve_denied"))

@@ -19,6 +19,7 @@ SANCTUM_FUZZ_BURST=50000 does the same for the real sockets (`MEASURED` lines).
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import os
@@ -43,6 +44,7 @@ from shared.protocol import (
     Final,
     Generate,
     GetCounters,
+    Ok,
     Ping,
     Pong,
     Refused,
@@ -54,6 +56,7 @@ from shared.protocol import (
 )
 from shared.seat_side import read_frames, refusal_reply
 from tests.procs import Sanctum, free_port
+from tests.test_seat_client import GEN, outcome_of, pair  # noqa: F401 (a fixture)
 
 EXAMPLES = int(os.environ.get("SANCTUM_FUZZ_EXAMPLES", "600"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -221,6 +224,7 @@ def test_pure_valid_requests_read_back(message: msgspec.Struct) -> None:
 
 # ---------------------------------------------------------------------------
 # The proxy's side: what it takes from a client never meets the protocol's bounds,
+# and a refused Generate ends its attempt at once
 
 wide_int = st.integers(-(2**70), 2**70) | st.integers(-3, 40)
 client_field = {
@@ -259,6 +263,22 @@ def test_pure_whatever_the_proxy_takes_a_seat_takes(body: dict[str, Any]) -> Non
     assert protocol.read_request(protocol.encode(gen)) == gen
     TALLY["proxy_body:taken_by_both"] += 1
 
+
+
+async def test_a_badframe_naming_the_request_ends_its_attempt(pair) -> None:  # noqa: F811
+    """A BadFrame that names the attempt's request (a seat of another version) fails it
+    now, with the seat's reason, on a clock that never moved; garbage is counted."""
+    client, seat, clock = pair
+    before = clock()
+    task, _ = await outcome_of(client)
+    await seat.expect(Generate)
+    await seat.sock.send_multipart([seat.peer, b"\xc1 garbage"])
+    await seat.send(BadFrame("protocol version 2; this peer speaks version 3",
+                             "wrong_version", GEN.request_id, speaks=3))
+    final = await asyncio.wait_for(task, 5)
+    assert final.outcome == protocol.Failed(
+        "wrong_version", "protocol version 2; this peer speaks version 3")
+    assert client.bad_frames == 1 and clock() == before
 
 
 # ---------------------------------------------------------------------------
@@ -369,6 +389,73 @@ def seatd() -> Iterator[Sanctum]:
         s.kill_everything()
         raise
     assert s.stop() == 0, s.logs()[-3000:]
+
+
+@pytest.mark.slow
+def test_a_real_worker_answers_every_hostile_frame_and_serves_the_next(seatd: Sanctum) -> None:
+    """A burst of broken frames on the worker's socket: each answered as the pure reader
+    says, one 10-MB frame over the bound drops only its sender's connection, then a good
+    Generate is served by the same process and bad_frames equals what was sent."""
+    ctx: zmq.Context[Any] = zmq.Context()
+    endpoint = f"ipc://{seatd.state}/seat-demo.sock"
+    sock = dealer(ctx, endpoint)
+    try:
+        sock.send(protocol.encode(Ping()))
+        first = protocol.reply_decoder.decode(reply_of(sock)[0])
+        assert isinstance(first, Pong)
+        valid: list[msgspec.Struct] = [
+            Generate("f1", False, SamplingParams(max_tokens=2), prompt="hi"),
+            Ping(), Cancel("f2"), GetCounters()]
+        sent: list[tuple[list[bytes], Refused]] = []
+        for payload in hostile_payloads(BURST, valid, protocol.read_request):
+            refused = protocol.read_request(payload)
+            assert isinstance(refused, Refused)
+            sent.append(([payload], refused))
+        good = protocol.encode(Ping())
+        for parts in ([good, good], [b"", good], [good, b"", good]):
+            sent.append((parts, Refused("wrong_parts", "")))
+        out_of_vocab = Generate("v1", True, SamplingParams(), prompt="x", prefix="a",
+                                prefix_ids=(2**30,))
+        sent.append(([protocol.encode(out_of_vocab)], Refused("invalid_value", "", "v1")))
+        kinds: collections.Counter[str] = collections.Counter()
+        for parts, refused in sent:
+            sock.send_multipart(parts)
+            answer = protocol.reply_decoder.decode(reply_of(sock)[0])
+            if refused.reason == "invalid_value" and refused.request_id is not None:
+                assert isinstance(answer, Final) and answer.request_id == refused.request_id
+                assert isinstance(answer.outcome, Rejected) and answer.outcome.status == 400
+                kinds["final_rejected_400"] += 1
+            else:
+                assert isinstance(answer, BadFrame) and answer.reason == refused.reason, answer
+                kinds[f"bad_frame:{answer.reason}"] += 1
+        print(f"\nMEASURED worker burst: {len(sent)} frames, answers {dict(kinds)}")
+
+        big = dealer(ctx, endpoint)
+        huge = Generate("h1", True, SamplingParams(), prompt="x" * 10_000_000)
+        assert len(protocol.encode(huge)) > FRAME_BOUND
+        wait_dropped(big, protocol.encode(huge))
+        big.close(linger=0)
+
+        sock.send(protocol.encode(Generate("ok1", False, SamplingParams(max_tokens=4,
+                                                                        temperature=0.0),
+                                           prompt="def main():\n")))
+        while True:
+            frame = protocol.reply_decoder.decode(reply_of(sock)[0])
+            if isinstance(frame, Final):
+                break
+        assert frame.request_id == "ok1" and frame.outcome == Ok(), frame
+        assert frame.usage.completion_tokens > 0
+        sock.send(protocol.encode(GetCounters()))
+        counters = protocol.reply_decoder.decode(reply_of(sock)[0])
+        assert isinstance(counters, protocol.CountersReply)
+        assert counters.counters["bad_frames"] == len(sent)
+        sock.send(protocol.encode(Ping()))
+        last = protocol.reply_decoder.decode(reply_of(sock)[0])
+        assert isinstance(last, Pong) and last.pid == first.pid
+        assert last.incarnation == first.incarnation
+    finally:
+        sock.close(linger=0)
+        ctx.term()
 
 
 @pytest.mark.slow
