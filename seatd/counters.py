@@ -36,7 +36,10 @@ PLAIN = (
     "bad_frames",
     "curve_denied",  # clients refused by the seat's CURVE handler (shared/curve.py)
 )
-LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens", "batch_steps")
+# bad_frames_by_reason: the frames counted in bad_frames, by why they were refused
+# (shared/protocol.py BAD_FRAME_REASONS)
+LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens", "batch_steps",
+            "bad_frames_by_reason")
 # Prompt lengths of refused (413) prompts kept for the median; the count is exact.
 REFUSED_SAMPLE = 512
 # Counted per lane as well as in total.

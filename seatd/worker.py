@@ -187,6 +187,7 @@ class SeatWorker:
     def refuse(self, identity: bytes, refused: Refused) -> None:
         """A frame that was not taken: counted and answered (shared/seat_side.py)."""
         self.counters.inc("bad_frames")
+        self.counters.inc("bad_frames_by_reason", label=refused.reason)
         log.warning("bad_frame", reason=refused.reason, error=refused.error)
         self.send(identity, seat_side.refusal_reply(refused, self.seat.name,
                                                     self.counters.served,

@@ -449,6 +449,8 @@ def test_a_real_worker_answers_every_hostile_frame_and_serves_the_next(seatd: Sa
         counters = protocol.reply_decoder.decode(reply_of(sock)[0])
         assert isinstance(counters, protocol.CountersReply)
         assert counters.counters["bad_frames"] == len(sent)
+        assert counters.counters["bad_frames_by_reason"] == dict(
+            collections.Counter(refused.reason for _, refused in sent))
         sock.send(protocol.encode(Ping()))
         last = protocol.reply_decoder.decode(reply_of(sock)[0])
         assert isinstance(last, Pong) and last.pid == first.pid
