@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,6 +157,24 @@ class Sanctum:
         self.log.close()
         self.out.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_for(what: str, cond: Callable[[], Any], timeout: float = 60,
+             logs: Callable[[], str] | None = None) -> Any:
+    """`cond()`'s first truthy value within `timeout` (an OSError, ValueError or KeyError
+    while the thing starts counts as not yet); else an AssertionError naming `what`,
+    with the tail of `logs()` when given."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = cond()
+        except (OSError, ValueError, KeyError):
+            got = None
+        if got:
+            return got
+        time.sleep(0.05)
+    tail = f"\n{logs()[-4000:]}" if logs is not None else ""
+    raise AssertionError(f"{what}: not within {timeout}s{tail}")
 
 
 def assert_gone(pids: set[int], timeout: float) -> None:

@@ -17,7 +17,6 @@ import signal
 import stat
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from shared import curve
 from shared.config import ConfigError, parse_config, worker_endpoint
 from shared.endpoints import EndpointError, is_loopback, needs_keys, parse_endpoint
 from shared.private_files import make_private_dir, write_private
-from tests.procs import free_port, http
+from tests.procs import free_port, http, wait_for
 
 MODEL = os.environ.get("SANCTUM_TEST_MODEL", "builtin:demo")
 
@@ -485,18 +484,6 @@ ladder = ["far"]
 """
 
 
-def wait_until(what: str, cond: Callable[[], Any], timeout_s: float, logs: Callable[[], str]
-               ) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            got = cond()
-        except (OSError, ValueError, KeyError):
-            got = None
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout_s}s\n{logs()[-4000:]}")
 
 
 def seat_states(s: Any) -> dict[str, str]:
@@ -552,7 +539,7 @@ def test_remote_seat_over_curve_serves_and_refuses_other_keys(
         # The proxy's machine runs no worker: its seatd leaves the remote seat alone.  The
         # seat's own seatd hears its worker over CURVE (with the seat's own key pair).
         assert seat_states(near) == {}
-        assert wait_until("seatd hears its worker", lambda: seat_states(far) == {
+        assert wait_for("seatd hears its worker", lambda: seat_states(far) == {
             "far": "READY"}, 30, far.logs)
 
         ping = protocol.encode(protocol.Ping(sent_at=0.0))
@@ -589,7 +576,7 @@ def test_remote_seat_over_curve_serves_and_refuses_other_keys(
             got = json.loads(http("GET", near.url + "/counters")[2])
             return int(got["seats"]["far"]["curve_denied"])
 
-        assert wait_until("the denial counted", denied, 10, far.logs) == 1
+        assert wait_for("the denial counted", denied, 10, far.logs) == 1
         assert "curve_denied" in far.logs()
         status, headers, raw = http("POST", near.url + "/v1/chat/completions", body)
         assert (status, json.loads(raw)["choices"]) == (200, first["choices"])

@@ -29,7 +29,7 @@ from shared.clock import ManualClock
 from shared.config import Config, RouteConfig, SeatConfig
 from shared.errors import AllRungsFailed, Loading, NoPrivateSeat, Overloaded, SanctumError
 from shared.protocol import Failed
-from tests.procs import Sanctum, demo_config, free_port, http
+from tests.procs import Sanctum, demo_config, free_port, http, wait_for
 from tests.rig import Rig
 
 READY, LOADING, DOWN = SeatState.READY, SeatState.LOADING, SeatState.DOWN
@@ -192,17 +192,6 @@ class Sent:
         return code, headers, json.loads(body)
 
 
-def wait_for(what: str, cond: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            got = cond()
-        except (OSError, ValueError, KeyError):
-            got = None
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout}s")
 
 
 def health(url: str) -> tuple[int, dict[str, Any]]:
