@@ -189,9 +189,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     base = [sys.executable, "-m", "sanctum.cli"]
     extra = ["--config", args.config] if args.config else []
     env = dict(os.environ, SANCTUM_PARENT_PID=str(os.getpid()))
-    seatd = subprocess.Popen([*base, "seatd", *extra], env=env)
+    # The children get no signal from the terminal (Ctrl-C, or a hang-up when it
+    # closes, goes to its whole foreground group): we stop them, proxyd first, so that
+    # every one drains and removes its sockets.  If we die, they follow (lifecycle).
+    seatd = subprocess.Popen([*base, "seatd", *extra], env=env, start_new_session=True)
     proxy_args = [*extra, "--port", str(args.port)] if args.port else extra
-    proxyd = subprocess.Popen([*base, "proxyd", *proxy_args], env=env)
+    proxyd = subprocess.Popen([*base, "proxyd", *proxy_args], env=env,
+                              start_new_session=True)
     children = {"proxyd": proxyd, "seatd": seatd}
     stopping = False
 
@@ -199,8 +203,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, stop)
     code = 0
     watch = UpWatch(config)
     next_look = 0.0

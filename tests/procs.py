@@ -81,7 +81,8 @@ class Sanctum:
         args = ["--port", str(self.port)] if packaged else ["--config", str(self.config)]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sanctum.cli", command, *args],
-            env=self.env, stdout=self.out, stderr=self.log)
+            env=self.env, stdout=self.out, stderr=self.log,
+            start_new_session=True)  # its own group, as in a terminal: a test may signal it
         self.tree: set[int] = {self.proc.pid}
 
     @property

@@ -189,6 +189,21 @@ def test_sigterm_to_up_leaves_nothing() -> None:
     assert s.stop() == 0
 
 
+def test_a_terminal_hang_up_leaves_nothing() -> None:
+    """A closing terminal sends SIGHUP to its whole foreground group: `sanctum up` stops
+    everything in order (no process, no socket file left), as on SIGTERM."""
+    s = Sanctum()
+    try:
+        s.wait_ready()
+        tree = s.remember_tree()
+        assert len(tree) >= 4, "expected up, proxyd, seatd and a worker"
+        os.killpg(s.proc.pid, signal.SIGHUP)  # the group `up` leads, as a terminal's
+    except BaseException:
+        s.kill_everything()
+        raise
+    assert s.stop() == 0
+
+
 def test_packaged_default_answers_with_code() -> None:
     """`sanctum up` with no config serves the demo pair, which answers a chat with code."""
     s = Sanctum(packaged=True)
