@@ -63,7 +63,7 @@ def test_parse_endpoint(text: str, host: str, port: int, keys: bool) -> None:
 
 @pytest.mark.parametrize(("text", "says"), [
     ("127.0.0.1:5555", "expected tcp://"),
-    ("ipc:///tmp/x.sock", "expected tcp://"),
+    ("ipc://seat-x.sock", "expected tcp://"),
     ("udp://127.0.0.1:5", "expected tcp://"),
     ("tcp://127.0.0.1", "expected tcp://HOST:PORT"),
     ("tcp://127.0.0.1:0", "port from 1 to 65535"),
@@ -127,7 +127,7 @@ def config(seat: str = "", proxy: str = "") -> Any:
     ('endpoint = "tcp://192.0.2.10:5"\nremote = true\ncurve_cert = "k.key"\n'
      'curve_clients = "c"', 'curve_cert = "p.key_secret"', "listed where seatd runs"),
     ('endpoint = "tcp://*:5555"', "", "wildcard"),
-    ('endpoint = "ipc:///tmp/x"', "", "seat[0] (far).endpoint: expected tcp://"),
+    ('endpoint = "ipc://seat-x.sock"', "", "seat[0] (far).endpoint: expected tcp://"),
 ])
 def test_config_refuses_unsafe_or_unusable_endpoints(seat: str, proxy: str, says: str) -> None:
     """The loader refuses a non-loopback endpoint without keys, and keys or `remote` that
