@@ -55,11 +55,12 @@ from seatd.rows_cache import SLACK, OneRow, RowsCache, lane_cache
 from seatd.rows_drafter import Ask, RowsDrafter
 from seatd.sampling import Draws, Keyed, draws_for
 from seatd.verify import draft_probs, verify_greedy, verify_sampled
-from shared.protocol import Generate, SamplingParams
+from shared.protocol import Generate, SamplingParams, TokenLogprob
 
 log = structlog.get_logger()
 
-Emit = Callable[[str, int, str, Sequence[int]], None]  # text, tokens, state, new ids
+# text, tokens, state, new ids, their log-probabilities (when asked for)
+Emit = Callable[[str, int, str, Sequence[int], Sequence[TokenLogprob]], None]
 
 # Beside decoding rows a prefill step may take this share of their step time: their
 # inter-token gaps grow by less than that while a prompt joins.
@@ -313,7 +314,7 @@ class Engine:
         def send(text: str, count: int) -> None:
             if work.first_token_at is None:
                 work.first_token_at = time.monotonic()
-            work.emit(text, count, report.state, row.answer.fresh_ids())
+            work.emit(text, count, report.state, row.answer.fresh_ids(), ())
 
         row = Row(work, params, draws_for(params, self.width),
                   Answer(self.tokenizer, params, budget, send, prefix=prefix,

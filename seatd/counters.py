@@ -35,6 +35,9 @@ PLAIN = (
     "prompt_cache_reused_tokens",
     "bad_frames",
     "curve_denied",  # clients refused by the seat's CURVE handler (shared/curve.py)
+    "constrained",  # requests decoded under a grammar (response_format, forced tool calls)
+    "tool_calls",  # tool calls parsed out of answers (seatd/tool_calls.py)
+    "tool_parse_failures",  # tool-call text that did not parse; sent on as text
 )
 # bad_frames_by_reason: the frames counted in bad_frames, by why they were refused
 # (shared/protocol.py BAD_FRAME_REASONS)

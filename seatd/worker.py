@@ -69,6 +69,7 @@ from shared.protocol import (
     Rejected,
     Shutdown,
     Started,
+    TokenLogprob,
     Usage,
 )
 
@@ -279,13 +280,15 @@ class SeatWorker:
         assert self.loop is not None
         loop = self.loop
 
-        def emit(text: str, count: int, state: str, ids: Sequence[int] = ()) -> None:
+        def emit(text: str, count: int, state: str, ids: Sequence[int] = (),
+                 logprobs: Sequence[TokenLogprob] = ()) -> None:
             ahead = sum(1 for other in list(self.running.values())
                         if other.started_at is not None and job.started_at is not None
                         and other.started_at < job.started_at)
             self.send_threadsafe(job.identity, Chunk(request.request_id, text, count,
                                                      self.counters.served + ahead + 1, state,
-                                                     job.fingerprint, tuple(ids)))
+                                                     job.fingerprint, tuple(ids),
+                                                     logprobs=tuple(logprobs)))
 
         def done(work: Work, result: DecodeResult | None, error: BaseException | None) -> None:
             loop.call_soon_threadsafe(self.finished, job, work, result, error)

@@ -60,6 +60,10 @@ MAX_STOPS = 64  # config max_stop (16 by default) must stay within these two
 MAX_STOP_CHARS = 1024  # config max_stop_chars (256 by default)
 MAX_DRAFT_DEPTH = 16  # as config's seat draft_depth and the request's sanctum.draft_depth
 MAX_TOKEN_ID = 2**31 - 1  # the seat also holds ids to its own vocabulary
+MAX_REPETITION_PENALTY = 10.0
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound of top_logprobs
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias (OpenAI's own limit is lower: 300)
+MAX_TOOL_NAME_CHARS = 64  # OpenAI's bound of a function name
 
 RequestId = Annotated[str, msgspec.Meta(max_length=MAX_REQUEST_ID_CHARS)]
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=MAX_TEMPERATURE)]  # NaN fails both
@@ -72,6 +76,12 @@ Stops = Annotated[tuple[StopText, ...], msgspec.Meta(max_length=MAX_STOPS)]
 TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
 DraftDepth = Annotated[int, msgspec.Meta(ge=0, le=MAX_DRAFT_DEPTH)]
 KVLane = Literal["fp16", "q8"]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]  # presence, frequency (OpenAI's range)
+RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=MAX_REPETITION_PENALTY)]
+Bias = Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]
+MinP = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+ToolChoice = Annotated[str, msgspec.Meta(max_length=MAX_TOOL_NAME_CHARS + 9)]
 
 # The largest frame a seat's socket takes (ZMQ_MAXMSGSIZE); a larger one drops its
 # sender's connection before a byte of it is buffered for decoding.  A Generate holds
@@ -101,6 +111,29 @@ class ChatMessage(msgspec.Struct, frozen=True):
     role: str
     content: str
     name: str | None = None
+    # An assistant turn's calls, as the OpenAI JSON list of {"id", "type", "function":
+    # {"name", "arguments"}}; rendered by the chat template (shared/prompt.py).
+    tool_calls_json: str | None = None
+    tool_call_id: str | None = None  # a `tool` message: the call it answers
+
+
+class ToolCall(msgspec.Struct, frozen=True):
+    """One tool call of an answer, parsed from the model's own tool-call syntax."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str  # a JSON object as text, as OpenAI sends it
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    """One answer token's log-probability under the target's distribution, with the
+    `top` most likely alternatives at that position (SamplingParams.logprobs)."""
+
+    token: str
+    logprob: float
+    bytes: tuple[int, ...] = ()
+    top: tuple[tuple[str, float], ...] = ()
 
 
 class SamplingParams(msgspec.Struct, frozen=True):
@@ -110,6 +143,16 @@ class SamplingParams(msgspec.Struct, frozen=True):
     max_tokens: MaxNewTokens = 256
     stop: Stops = ()
     seed: Seed | None = None
+    # Shaping of the logits before the draw (seatd/shaping.py): the same in the plain
+    # step, the verifier and a drafter's proposal, so speculation stays exact.
+    presence_penalty: Penalty = 0.0  # minus this for each token already in the answer
+    frequency_penalty: Penalty = 0.0  # minus this times the token's count in the answer
+    repetition_penalty: RepetitionPenalty = 1.0  # over prompt and answer tokens (>1 lowers)
+    logit_bias: Annotated[tuple[tuple[TokenId, Bias], ...],
+                          msgspec.Meta(max_length=MAX_LOGIT_BIAS)] = ()
+    min_p: MinP = 0.0  # drop tokens below min_p times the best token's probability
+    # None: no log-probabilities; n: each answer token's, with its n best alternatives
+    logprobs: TopLogprobs | None = None
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -178,6 +221,12 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     # The prefix's tokens as the seat that produced them sent them (only from a seat
     # with the same tokenizer); None: the seat encodes `prefix` itself.
     prefix_ids: tuple[TokenId, ...] | None = None
+    # Structured output: the request's response_format as JSON ({"type": "json_object"}
+    # or {"type": "json_schema", "json_schema": {...}}); None: free text.
+    response_format: str | None = None
+    # "none" | "auto" | "required" | "function:NAME"; None: auto when tools are given.
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
     version: int = 1  # the sender's PROTOCOL_VERSION; absent: a peer older than versions
 
 
@@ -244,6 +293,10 @@ class Chunk(msgspec.Struct, frozen=True, tag="chunk"):
     # held back), so that another seat with the same tokenizer can continue the answer
     # from exactly these tokens.  Empty from a hosted rung.
     ids: tuple[int, ...] = ()
+    # Tool calls completed in this chunk (the text around them is in `text`).
+    tool_calls: tuple[ToolCall, ...] = ()
+    # Log-probabilities of the tokens in `ids` (when the request asked for them).
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class Final(msgspec.Struct, frozen=True, tag="final"):

@@ -68,7 +68,7 @@ def run(pair: tuple[Any, Any, Any], *, spec: Sequence[str | None] = (None,) * 4,
         out.streamed[i] = []
 
         def emit(text: str, count: int, state: str, ids: Sequence[int] = (),
-                 i: int = i) -> None:
+                 logprobs: Sequence[object] = (), i: int = i) -> None:
             if stream:
                 out.streamed[i].append(text)
             if count >= cancel_after.get(i, 1 << 30):
@@ -219,7 +219,7 @@ def test_joining_rows_share_prefill_forwards(pair: tuple[Any, Any, Any],
 
     def submit(i: int, solo: bool = False) -> None:
         request = Generate(str(i), False, params, prompt="-", solo=True if solo else None)
-        engine.submit(Work(request, prompts[i], "fp16", lambda t, c, s, ids: None, lambda: False,
+        engine.submit(Work(request, prompts[i], "fp16", lambda *_: None, lambda: False,
                            lambda w, r, e: results.__setitem__(w.request.request_id, r)))
 
     for i in range(3):
@@ -261,7 +261,7 @@ def test_a_continued_answer_goes_on_as_the_uninterrupted_one(
         got: list[DecodeResult | None] = []
         request = Generate("c", False, params, prompt="-", prefix=tok.decode(head),
                            prefix_ids=tuple(head))
-        engine.submit(Work(request, prompt + head, "fp16", lambda t, c, s, ids: None,
+        engine.submit(Work(request, prompt + head, "fp16", lambda *_: None,
                            lambda: False, lambda w, r, e, got=got: got.append(r),
                            spec=Speculation(ModelDrafter(drafter), 3, DepthStats())))
         while not got:

@@ -213,7 +213,7 @@ def decode_rows(loaded: Any, drafter_model: Any, cases: Sequence[Case], config: 
             got[i] = (result, error)
 
         engine.submit(Work(Generate(f"n{i}", False, params, **extra), list(case.prompt_ids),
-                           "fp16", lambda text, count, state, ids: None, lambda: False, done,
+                           "fp16", lambda *_: None, lambda: False, done,
                            spec=spec))
     while len(got) < len(cases):
         engine.step()
