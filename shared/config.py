@@ -3,6 +3,17 @@
 An unknown key or a bad value is a `ConfigError` whose message names the key
 (msgspec reports the path, e.g. ``$.seat[0].kv``).  The one settings object
 built here is passed down explicitly; nothing reads the TOML twice.
+
+A hosted seat's `upstream_fields` lists the sampling fields beyond OpenAI's own that
+its upstream takes (vLLM and SGLang take all three by these names): "top_k", "min_p",
+"repetition_penalty".  A request that sets one of them off its neutral value is
+forwarded to such a rung with it, and skipped by a rung that does not list it
+(`skipped:unsupported_field`): a rung never answers without a field it was given.
+Unset: none (OpenAI's own API takes none of them).  The OpenAI fields (tools,
+tool_choice, parallel_tool_calls, response_format, presence_penalty,
+frequency_penalty, seed, logprobs) are always forwarded; logit_bias never is (its
+token ids are the route's local tokenizer's), so a hosted rung always skips it.
+The rules are `proxyd.ladder.unsupported`'s.
 """
 
 from __future__ import annotations
@@ -23,6 +34,8 @@ DEFAULT_CONFIG_NAME = "default_config.toml"
 
 Positive = Annotated[float, msgspec.Meta(gt=0)]
 PositiveInt = Annotated[int, msgspec.Meta(gt=0)]
+# The sampling fields beyond OpenAI's own that a hosted upstream may take.
+UpstreamField = Literal["top_k", "min_p", "repetition_penalty"]
 SeatName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")]
 
 
@@ -138,6 +151,8 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_key_env: str | None = None
     upstream_model: str | None = None
     offbox: bool = False
+    # hosted (openai) seats: the non-OpenAI sampling fields the upstream takes (above).
+    upstream_fields: tuple[UpstreamField, ...] = ()
     # hosted (openai) seats: timeouts and retries of one request (proxyd/hosted.py).
     # A request gets total_timeout_s on this rung, retries and pauses included;
     # transient faults (reset before any byte, 429, 500, 502, 503, 504) are tried
@@ -235,6 +250,9 @@ def _check(config: Config) -> None:
             for key in ("base_url", "api_key_env", "upstream_model"):
                 if getattr(seat, key) is not None:
                     raise ConfigError(f"{where}.{key}: only for kind = \"openai\"")
+            if seat.upstream_fields:
+                raise ConfigError(f"{where}.upstream_fields: only for kind = \"openai\" "
+                                  "(a local seat honours every field)")
         else:
             if not seat.base_url:
                 raise ConfigError(f"{where}.base_url: a hosted seat needs base_url")
