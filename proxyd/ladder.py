@@ -3,6 +3,7 @@
     plan(route, seats, offbox_allowed) -> rungs          who may be tried, in order
     decide(outcome, phase) -> Step                        what one attempt's end means
     breaker_verdict(outcome) -> Verdict                   what it tells the rung's circuit
+    unsupported(gen, seat) -> field | None                a field this rung cannot honour
     continued(gen, text, ids, tokens, hosted) -> Generate the request a rung continues from
     prefix_ids(segments, tokenizer) -> ids | None         the exact tokens, where they fit
     conclude(attempts, plan, route) -> Conclusion         the error when no rung answered
@@ -22,6 +23,30 @@ caps, circuits), because the continuing rungs are the rest of the same plan.  A
 continuing rung that refuses the request (a 400 on a trailing assistant message,
 a prompt grown past its cap) is passed over the same way: the error the client
 gets, if no rung finishes, is the one of the rung that broke.
+
+A rung that cannot honour a field of the request is skipped, never asked without
+it (`skipped:unsupported_field`, naming the field).  A local seat honours every
+field (what its decoder cannot do, e.g. a schema it cannot constrain, it refuses
+itself with a 400).  A hosted rung, field by field:
+
+    field                          forwarded?                        else
+    -----------------------------  --------------------------------  ------------------
+    temperature, top_p, max_tokens, stop, seed, presence_penalty,
+    frequency_penalty              always (OpenAI's own)
+    logprobs                       always: chat `logprobs` +
+                                   `top_logprobs`, completions
+                                   `logprobs`; read back per token
+    tools, tool_choice,            chat: always                      completions: skip
+    parallel_tool_calls                                              ("tools")
+    response_format                chat: always                      completions: skip
+    top_k, min_p,                  where the seat's upstream_fields  skip
+    repetition_penalty             lists it (shared/config.py)
+    logit_bias                     never: its ids are the local      skip
+                                   tokenizer's, not the upstream's
+
+A field at its neutral value (top_k 0, min_p 0, repetition_penalty 1, no bias) is
+not set, and needs nothing.  An upstream that refuses a forwarded field answers 400,
+which reaches the client as that upstream's rejection.
 """
 
 from __future__ import annotations
@@ -55,11 +80,19 @@ class Step(StrEnum):
 
 @dataclass(frozen=True)
 class Skipped:
-    """A rung passed over without being called (over_cap, circuit_open)."""
+    """A rung passed over without being called (over_cap, circuit_open,
+    unsupported_field)."""
 
     reason: str
     # over_cap: the proxy's count against this rung's cap, for the 413 that names it
     verdict: Verdict | None = None
+    # unsupported_field: the request's field this rung cannot honour
+    field: str | None = None
+
+
+# The skip of a rung that cannot honour a field of the request (`unsupported`).  A
+# hosted rung asked anyway ends its attempt as Failed with this reason, sending nothing.
+UNSUPPORTED = "unsupported_field"
 
 
 Attempt = tuple[str, Outcome | Skipped]
@@ -70,7 +103,8 @@ BUSY = frozenset({"queue_full", "queue_timeout"})
 # Failures that say nothing about the seat's health: its circuit neither opens nor closes.
 # A seat that says it is not ready (its model loads, or it drains) was not sent the
 # request: it told the truth, and its circuit stays as it was.
-NOT_THE_SEATS_FAULT = frozenset({"client_disconnected", "not_ready", *BUSY})
+# A rung that refused a field it cannot honour (UNSUPPORTED) was not sent the request.
+NOT_THE_SEATS_FAULT = frozenset({"client_disconnected", "not_ready", UNSUPPORTED, *BUSY})
 
 
 def is_busy(outcome: Outcome | Skipped) -> bool:
@@ -89,6 +123,27 @@ def breaker_verdict(outcome: Outcome) -> Health:
     if isinstance(outcome, Failed):
         return Health.UNKNOWN if outcome.reason in NOT_THE_SEATS_FAULT else Health.BROKEN
     return Health.HEALTHY
+
+
+def unsupported(gen: Generate, seat: SeatConfig) -> str | None:
+    """The first field of `gen` that rung `seat` cannot honour (the table above);
+    None: it can take the request as it is."""
+    if seat.kind == "mlx":
+        return None
+    p, extras = gen.params, seat.upstream_fields
+    if p.logit_bias:
+        return "logit_bias"
+    if p.top_k and "top_k" not in extras:
+        return "top_k"
+    if p.min_p and "min_p" not in extras:
+        return "min_p"
+    if p.repetition_penalty != 1.0 and "repetition_penalty" not in extras:
+        return "repetition_penalty"
+    if gen.messages is None and gen.tools_json is not None:
+        return "tools"
+    if gen.messages is None and gen.response_format is not None:
+        return "response_format"
+    return None
 
 
 def decide(outcome: Outcome, phase: Phase) -> Step:

@@ -5,11 +5,14 @@ import itertools
 import pytest
 
 from proxyd.ladder import (
+    UNSUPPORTED,
+    Health,
     Phase,
     Segment,
     Skipped,
     Step,
     attempts_header,
+    breaker_verdict,
     context_refusal,
     continued,
     decide,
@@ -17,6 +20,7 @@ from proxyd.ladder import (
     offbox_allowed,
     plan,
     prefix_ids,
+    unsupported,
 )
 from shared.config import RouteConfig, SeatConfig
 from shared.protocol import (
@@ -164,3 +168,70 @@ def test_prefix_ids_only_where_every_token_is_known(segments: list[Segment], tok
                                                     want: tuple[int, ...] | None) -> None:
     """Exact tokens pass on only between seats of one tokenizer that sent them all."""
     assert prefix_ids(segments, tokenizer) == want
+
+
+HOSTED = SeatConfig(name="h", kind="openai", base_url="https://x.invalid/v1")
+VLLM = SeatConfig(name="v", kind="openai", base_url="https://x.invalid/v1",
+                  upstream_fields=("top_k", "min_p", "repetition_penalty"))
+LOCAL = SeatConfig(name="l", model="m")
+TOOLS = '[{"type": "function", "function": {"name": "f"}}]'
+SCHEMA = '{"type": "json_object"}'
+
+
+def _gen(chat: bool = True, **kw: object) -> Generate:
+    fields = {k: kw.pop(k) for k in ("tools_json", "response_format", "tool_choice")
+              if k in kw}
+    return Generate("r", False, SamplingParams(**kw),  # type: ignore[arg-type]
+                    messages=(ChatMessage("user", "hi"),) if chat else None,
+                    prompt=None if chat else "hi", **fields)  # type: ignore[arg-type]
+
+
+# (request, seat) -> the first field the rung cannot honour
+UNSUPPORTED_TABLE: list[tuple[Generate, SeatConfig, str | None]] = [
+    (_gen(), HOSTED, None),
+    (_gen(chat=False), HOSTED, None),
+    # OpenAI's own fields: every hosted rung takes them
+    (_gen(presence_penalty=1.5, frequency_penalty=-0.5, seed=3, logprobs=5, temperature=0.2,
+          top_p=0.9, stop=("x",)), HOSTED, None),
+    (_gen(tools_json=TOOLS, tool_choice="function:f", response_format=SCHEMA), HOSTED, None),
+    # neutral values set nothing
+    (_gen(top_k=0, min_p=0.0, repetition_penalty=1.0), HOSTED, None),
+    # the non-OpenAI fields: only where the seat says its upstream takes them
+    (_gen(top_k=40), HOSTED, "top_k"),
+    (_gen(top_k=40), VLLM, None),
+    (_gen(min_p=0.05), HOSTED, "min_p"),
+    (_gen(min_p=0.05), VLLM, None),
+    (_gen(repetition_penalty=1.1), HOSTED, "repetition_penalty"),
+    (_gen(repetition_penalty=0.9), VLLM, None),
+    # logit_bias is in the local tokenizer's ids: no hosted rung can honour it
+    (_gen(logit_bias=((5, 10.0),)), HOSTED, "logit_bias"),
+    (_gen(logit_bias=((5, 10.0),)), VLLM, "logit_bias"),
+    # the first field, in the table's order
+    (_gen(top_k=40, min_p=0.1, logit_bias=((1, -100.0),)), HOSTED, "logit_bias"),
+    (_gen(top_k=40, min_p=0.1), HOSTED, "top_k"),
+    (_gen(min_p=0.1, repetition_penalty=1.2), SeatConfig(
+        name="k", kind="openai", base_url="https://x.invalid/v1", upstream_fields=("min_p",)),
+     "repetition_penalty"),
+    # completions have no tools and no response_format upstream
+    (_gen(chat=False, tools_json=TOOLS), HOSTED, "tools"),
+    (_gen(chat=False, response_format=SCHEMA), HOSTED, "response_format"),
+    # a local seat honours every field (or refuses the request itself)
+    (_gen(top_k=40, min_p=0.1, repetition_penalty=1.3, logit_bias=((1, 5.0),)), LOCAL, None),
+    (_gen(chat=False, tools_json=TOOLS, response_format=SCHEMA), LOCAL, None),
+]
+
+
+@pytest.mark.parametrize(("gen", "seat", "field"), UNSUPPORTED_TABLE)
+def test_unsupported_names_the_first_field_a_rung_cannot_honour(
+        gen: Generate, seat: SeatConfig, field: str | None) -> None:
+    """A hosted rung takes OpenAI's fields, the extras its upstream_fields list, never
+    logit_bias; a local seat takes everything."""
+    assert unsupported(gen, seat) == field
+
+
+def test_unsupported_skip_in_the_attempts_header_and_the_breaker() -> None:
+    """The skip is listed as such; a hosted rung that refused a field unsent is not
+    broken (its circuit is untouched)."""
+    skip = Skipped(UNSUPPORTED, field="top_k")
+    assert attempts_header([("h", skip), ("v", Ok())]) == "h=skipped:unsupported_field; v=ok"
+    assert breaker_verdict(Failed(UNSUPPORTED, "top_k: no")) is Health.UNKNOWN
