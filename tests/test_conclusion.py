@@ -12,6 +12,7 @@ from shared.caps import Verdict
 from shared.errors import (
     CONTEXT_LENGTH,
     AllRungsFailed,
+    BadRequest,
     ClientError,
     NoPrivateSeat,
     Overloaded,
@@ -30,6 +31,9 @@ KINDS: dict[str, Skipped | Failed | Rejected] = {
     "worker_lost": Failed("worker_lost"),
     "upstream_503": Failed("upstream_503"),
     "context_length": Rejected(400, CONTEXT_LENGTH, "too long for me", {"seat": "h"}),
+    # a rung that cannot honour a field: skipped, or a hosted rung that refused it unsent
+    "unsupported": Skipped("unsupported_field", field="logit_bias"),
+    "unsupported_unsent": Failed("unsupported_field", "top_k: upstream takes no top_k"),
 }
 PRIVATE = Plan(("a", "b", "c"), ("hosted",))  # an off-box rung was filtered out
 OPEN = Plan(("a", "b", "c"), ())
@@ -60,6 +64,18 @@ TABLE: list[tuple[tuple[str, ...], Plan, type[SanctumError], str, str | None]] =
     (("over_cap", "context_length"), PRIVATE, ClientError, CONTEXT_LENGTH, None),
     (("queue_full", "context_length"), OPEN, ClientError, CONTEXT_LENGTH, None),
     (("context_length", "worker_lost"), PRIVATE, ClientError, CONTEXT_LENGTH, None),
+    # no rung can honour a field (or could take the prompt): the client's to fix
+    (("unsupported",), OPEN, BadRequest, "unsupported_field", None),
+    (("unsupported", "unsupported_unsent"), PRIVATE, BadRequest, "unsupported_field", None),
+    (("over_cap", "unsupported"), OPEN, BadRequest, "unsupported_field", None),
+    (("unsupported_unsent",), OPEN, BadRequest, "unsupported_field", None),
+    # a rung that could have honoured it failed, was busy or shut: not the field's fault
+    (("worker_lost", "unsupported"), OPEN, AllRungsFailed, "all_rungs_failed", None),
+    (("worker_lost", "unsupported"), PRIVATE, NoPrivateSeat, "no_private_seat",
+     "offbox_blocked"),
+    (("circuit_open", "unsupported"), OPEN, AllRungsFailed, "all_rungs_failed", None),
+    (("queue_full", "unsupported"), OPEN, Overloaded, "overloaded", "overloaded"),
+    (("unsupported", "context_length"), OPEN, ClientError, CONTEXT_LENGTH, None),
 ]
 
 
@@ -77,12 +93,15 @@ def expected(kinds: tuple[str, ...], plan: Plan) -> type[SanctumError]:
     """The rules of proxyd/conclusion.py, stated over sets of kinds."""
     got = set(kinds)
     busy = {"queue_full", "queue_timeout"}
-    skipped = {"over_cap", "circuit_open"}
+    skipped = {"over_cap", "circuit_open", "unsupported"}
+    unable = {"unsupported", "unsupported_unsent"}
     if "context_length" in got:
         return ClientError
+    if got & unable and got <= unable | {"over_cap"}:
+        return BadRequest
     if got == {"over_cap"}:
         return PromptTooLong
-    if got & busy and got <= busy | skipped:
+    if got & busy and got <= busy | skipped | {"unsupported_unsent"}:
         return Overloaded
     if plan.filtered_offbox:
         return NoPrivateSeat
@@ -94,12 +113,12 @@ MIXES = [kinds for n in (1, 2, 3) for kinds in itertools.product(KINDS, repeat=n
 
 @pytest.mark.parametrize("plan", [OPEN, PRIVATE], ids=["offbox_kept", "offbox_filtered"])
 def test_every_mix_of_up_to_three_attempts(plan: Plan) -> None:
-    """All 399 sequences of up to three attempt kinds, with and without off-box rungs
+    """All 819 sequences of up to three attempt kinds, with and without off-box rungs
     filtered, end as the rules say, and the error's status matches its class."""
     for kinds in MIXES:
         end = conclude(attempts(*kinds), plan, "r")
         assert type(end.error) is expected(kinds, plan), kinds
-        assert end.error.status == (400 if type(end.error) is ClientError
+        assert end.error.status == (400 if type(end.error) in (ClientError, BadRequest)
                                     else 413 if type(end.error) is PromptTooLong else 503)
 
 
@@ -129,3 +148,14 @@ def test_context_refusal_keeps_the_rungs_own_words() -> None:
     assert (end.error.status, end.error.code, end.error.message) == (
         400, CONTEXT_LENGTH, "too long for me")
     assert end.error.extra["seat"] == "h"
+
+
+def test_unsupported_field_names_the_field_and_every_rung() -> None:
+    """The 400 names the field (`param`) and says which rung takes no what."""
+    end = conclude([("gpt", Skipped("unsupported_field", field="logit_bias")),
+                    ("vllm", Failed("unsupported_field", "logit_bias: no"))], OPEN, "r")
+    err = end.error
+    assert (err.status, err.code, err.param) == (400, "unsupported_field", "logit_bias")
+    assert "gpt takes no logit_bias" in err.message and "vllm" in err.message
+    assert err.extra["attempts"] == ("gpt=skipped:unsupported_field; "
+                                     "vllm=failed:unsupported_field")
