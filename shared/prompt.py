@@ -4,11 +4,29 @@ The seat tokenizes to generate; the proxy tokenizes to admit.  Both call
 `prompt_ids` with the tokenizer of the same model directory, loaded the same
 way (mlx-lm's TokenizerWrapper, which is what the seat decodes with), so the
 counts agree to the token.
+
+Tools and tool history (an assistant turn's `tool_calls_json`, a `tool` message's
+result) go to the chat template as the Hugging Face convention has them when the
+template renders tools ("tools" or "tool_calls" appear in it):
+
+    {"role": "assistant", "content": ..., "tool_calls": [{"id", "type": "function",
+        "function": {"name", "arguments": {...}}}]}
+    {"role": "tool", "content": ..., "tool_call_id": ...}
+
+and the tools as the template's `tools` argument.  A template that knows no tools
+(the demo models' ChatML) would drop them without a word, so Sanctum renders them
+itself, in its own tool-call syntax (mlx-lm's json_tools, which `seatd.tool_calls`
+parses back): the tools as a system message (prepended, or appended to the first
+system message) that lists them as JSON and says how to call them; an assistant turn's
+calls as its content, each in `<tool_call>` tags; a tool result wrapped in
+`<tool_response>` tags, as a `tool` turn where the template renders any role (ChatML
+does), else as a `user` turn.
 """
 
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,15 +46,139 @@ def load_tokenizer(model_dir: Path, trust_remote_code: bool = False) -> Any:
 # SentencePiece dummy prefix.  Every other token covers at least one byte.
 BOUND_SLACK = 8
 
+TOOLS_HEADER = (
+    "# Tools\n\n"
+    "You may call one or more functions to answer. Their signatures, as JSON, "
+    "are within <tools></tools> tags:\n<tools>"
+)
+TOOLS_FOOTER = (
+    "\n</tools>\n\n"
+    "To call a function, answer with a JSON object of its name and arguments within "
+    "<tool_call></tool_call> tags:\n"
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
 
-def _rendered(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+
+def template_knows_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders tools and tool calls itself.  mlx-lm's own
+    renderers (`mlx_lm/chat_templates`, for models whose template is code) all do."""
+    if getattr(tokenizer, "_chat_template", None) is not None:
+        return True
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # several named templates (one may be "tool_use")
+        template = "\n".join(str(t) for t in template.values())
+    return isinstance(template, str) and ("tools" in template or "tool_calls" in template)
+
+
+_generic_roles: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_PROBE = "\x00sanctum-probe\x00"
+
+
+def renders_any_role(tokenizer: Any) -> bool:
+    """Whether the template renders a `tool` turn's content (as ChatML renders any role);
+    found once per tokenizer, by rendering one."""
+    try:
+        return _generic_roles[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "?"}, {"role": "tool", "content": _PROBE}],
+            add_generation_prompt=True, tokenize=False)
+        generic = _PROBE in str(text)
+    except Exception:  # the template refuses the role
+        generic = False
+    try:
+        _generic_roles[tokenizer] = generic
+    except TypeError:  # not weakly referable: found again next time
+        pass
+    return generic
+
+
+def _arguments(raw: Any) -> Any:
+    """A call's arguments as the templates want them: the JSON text decoded (a string
+    that is not JSON is kept as it is)."""
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return raw
+    return raw
+
+
+def _calls(tool_calls_json: str) -> list[dict[str, Any]]:
+    """An assistant turn's calls in the HF convention, from the OpenAI JSON list."""
+    calls = json.loads(tool_calls_json)
+    if not isinstance(calls, list):
+        raise ValueError("tool_calls is not a list")
     out = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise ValueError("a tool call without a function")
+        entry: dict[str, Any] = {"type": "function", "function": {
+            "name": function.get("name"), "arguments": _arguments(function.get("arguments"))}}
+        if isinstance(call.get("id"), str):
+            entry["id"] = call["id"]
+        out.append(entry)
+    return out
+
+
+def _call_text(call: dict[str, Any]) -> str:
+    function = call["function"]
+    body = json.dumps({"name": function["name"], "arguments": function["arguments"]},
+                      ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def _tools_text(tools: list[Any]) -> str:
+    lines = "".join("\n" + json.dumps(tool, ensure_ascii=False) for tool in tools)
+    return TOOLS_HEADER + lines + TOOLS_FOOTER
+
+
+def _tools(tools_json: str | None) -> list[Any] | None:
+    if not tools_json:
+        return None
+    tools = json.loads(tools_json)
+    if not isinstance(tools, list):
+        raise ValueError("tools is not a list")
+    return tools or None
+
+
+def conversation(tokenizer: Any, messages: Sequence[ChatMessage],
+                 tools_json: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages as the chat template is given them, and its keyword arguments
+    (`tools` when the template renders them): see the module docstring."""
+    tools = _tools(tools_json)
+    native = template_knows_tools(tokenizer)
+    out: list[dict[str, Any]] = []
     for m in messages:
         d: dict[str, Any] = {"role": m.role, "content": m.content}
         if m.name is not None:
             d["name"] = m.name
+        if native:
+            if m.tool_calls_json:
+                d["tool_calls"] = _calls(m.tool_calls_json)
+            if m.tool_call_id is not None:
+                d["tool_call_id"] = m.tool_call_id
+        elif m.tool_calls_json:
+            texts = [_call_text(c) for c in _calls(m.tool_calls_json)]
+            d["content"] = "\n".join(([m.content] if m.content else []) + texts)
+        elif m.role == "tool":
+            d["role"] = "tool" if renders_any_role(tokenizer) else "user"
+            d["content"] = f"<tool_response>\n{m.content}\n</tool_response>"
         out.append(d)
-    return out
+    if tools is None:
+        return out, {}
+    if native:
+        return out, {"tools": tools}
+    text = _tools_text(tools)
+    if out and out[0]["role"] == "system":
+        first = out[0]["content"]
+        out[0] = {**out[0], "content": f"{first}\n\n{text}" if first else text}
+    else:
+        out.insert(0, {"role": "system", "content": text})
+    return out, {}
 
 
 def prompt_bound(tokenizer: Any, messages: Sequence[ChatMessage] | None = None,
@@ -47,10 +189,8 @@ def prompt_bound(tokenizer: Any, messages: Sequence[ChatMessage] | None = None,
     it costs a template render (tens of microseconds) instead of an encode."""
     if messages is None:
         return len((prompt or "").encode("utf-8")) + BOUND_SLACK
-    kwargs: dict[str, Any] = {}
-    if tools_json:
-        kwargs["tools"] = json.loads(tools_json)
-    text = tokenizer.apply_chat_template(_rendered(messages), add_generation_prompt=True,
+    rendered, kwargs = conversation(tokenizer, messages, tools_json)
+    text = tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
                                          tokenize=False, **kwargs)
     return len(str(text).encode("utf-8")) + BOUND_SLACK
 
@@ -59,10 +199,7 @@ def prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage] | None = None,
                prompt: str | None = None, tools_json: str | None = None) -> list[int]:
     """Token ids of a chat (template, system prompt and tools included) or of a raw prompt."""
     if messages is not None:
-        rendered = _rendered(messages)
-        kwargs: dict[str, Any] = {}
-        if tools_json:
-            kwargs["tools"] = json.loads(tools_json)
+        rendered, kwargs = conversation(tokenizer, messages, tools_json)
         ids = tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
                                             tokenize=True, **kwargs)
         if isinstance(ids, dict):
