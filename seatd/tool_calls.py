@@ -1,0 +1,243 @@
+"""Tool calls out of an answer's text, in the model family's own syntax.
+
+The parsing is mlx-lm's (`mlx_lm/tool_parsers/*.py`, one module per family; its
+TokenizerWrapper infers the family from the chat template): a call is the text between
+the family's start and end markers, handed to the family's `parse_tool_call(text,
+tools)`.  A seat whose tokenizer has no parser, or whose chat template knows no tools
+(so that `shared.prompt` teaches the model Sanctum's own syntax), uses mlx-lm's
+`json_tools` syntax:
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+`ToolSplitter` runs over the committed text of one answer (what the worker's emit
+gets), piece by piece:
+
+    text outside calls     passed through; a possible partial start marker is held
+                           back until it is one or is not (as stop strings are)
+    a call, start to end   held whole, then parsed: each call it holds becomes a
+                           ToolCall (index, id, name, arguments as JSON text)
+    a call that does not   sent on as the text it was, counted in `failures`
+      parse, or names no
+      tool of the request
+    an unclosed call at    parsed when the family's end marker is optional (Mistral
+      the end               has none; an end marker that is an EOS token never shows
+                           in the text), else sent on as text and counted a failure
+    a call after the       dropped, neither a call nor text, when the request says
+      first                 parallel_tool_calls false: the client asked for one call
+
+The markers are matched on text, not on token ids, by mlx-lm's own TextStateMachine,
+so a marker split across tokens (or across chunks) is still found.  Call ids are
+"call_" and 24 hex digits of a hash of the request id and the call's index: the same
+answer has the same ids on every run.  The splitter is pure (no I/O); the worker feeds
+it on the MLX thread and sends what comes out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from shared.prompt import template_knows_tools
+from shared.protocol import ToolCall
+
+Parser = Callable[[str, Any], Any]
+
+SANCTUM_FAMILY = "json_tools"  # Sanctum's own syntax, for seats without one
+
+# mlx-lm's marker matcher (an Aho-Corasick trie over text); mlx-lm leaves it unannotated.
+TextStateMachine: Any = importlib.import_module("mlx_lm.generate").TextStateMachine
+
+
+@dataclass(frozen=True)
+class Family:
+    """A model family's tool-call syntax: its markers and mlx-lm's parser for it."""
+
+    name: str
+    start: str
+    end: str  # "": a call runs to the end of the answer (Mistral)
+    parse: Parser
+    end_optional: bool  # an unclosed call at the end of the answer is still parsed
+
+
+def family_named(name: str, end_is_eos: bool = False) -> Family:
+    """mlx-lm's tool parser module `name` (`mlx_lm.tool_parsers.<name>`) as a Family."""
+    module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+    end = str(module.tool_call_end or "")
+    return Family(name, str(module.tool_call_start), end, module.parse_tool_call,
+                  end_optional=end == "" or end_is_eos)
+
+
+def seat_family(tokenizer: Any) -> Family:
+    """The syntax a seat's model calls tools in: the family mlx-lm inferred for its
+    tokenizer when the chat template renders tools, else Sanctum's own."""
+    parse = getattr(tokenizer, "tool_parser", None)
+    start = getattr(tokenizer, "tool_call_start", None)
+    if parse is None or not start or not template_knows_tools(tokenizer):
+        return family_named(SANCTUM_FAMILY)
+    end = str(getattr(tokenizer, "tool_call_end", None) or "")
+    config = getattr(tokenizer, "init_kwargs", None)
+    name = str(config.get("tool_parser_type", "custom")) if isinstance(config, dict) \
+        else "custom"
+    return Family(name, str(start), end, parse,
+                  end_optional=end == "" or _is_eos(tokenizer, end))
+
+
+def _is_eos(tokenizer: Any, text: str) -> bool:
+    """True when `text` is one EOS token: the answer ends on it and its text never shows."""
+    try:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+    except Exception:  # a tokenizer that cannot say: the marker is plain text
+        return False
+    return len(ids) == 1 and ids[0] in set(tokenizer.eos_token_ids)
+
+
+def call_id(request_id: str, index: int) -> str:
+    """A call's id: the same request id and index give the same id, on any run."""
+    digest = hashlib.sha256(f"{request_id}\0{index}".encode()).hexdigest()
+    return "call_" + digest[:24]
+
+
+def tool_names(tools: Sequence[Any] | None) -> frozenset[str] | None:
+    """The function names of a request's tools (OpenAI's {"type": "function",
+    "function": {"name": ...}}); None when there are none to check against."""
+    if not tools:
+        return None
+    names = set()
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str):
+            names.add(name)
+    return frozenset(names)
+
+
+def calls_of(parsed: Any, names: frozenset[str] | None) -> list[tuple[str, str]]:
+    """(name, arguments as JSON text) of each call a parser returned (a dict or a list
+    of them).  Raises ValueError for anything that is not a call of a known tool."""
+    items = parsed if isinstance(parsed, list) else [parsed]
+    if not items:
+        raise ValueError("no call")
+    out = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise ValueError(f"a call is not an object: {item!r}")
+        name = item.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError("a call without a name")
+        if names is not None and name not in names:
+            raise ValueError(f"{name!r} is not one of the request's tools")
+        # Hermes-style JSON has "arguments"; Llama-style JSON says "parameters".
+        arguments = item.get("arguments", item.get("parameters", {}))
+        if arguments is None:
+            arguments = {}
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments)
+        if not isinstance(arguments, dict):
+            raise ValueError(f"the arguments of {name!r} are not an object")
+        out.append((name, json.dumps(arguments, ensure_ascii=False)))
+    return out
+
+
+class Split(NamedTuple):
+    """What one piece of answer text became: text to send, and completed calls."""
+
+    text: str
+    calls: tuple[ToolCall, ...] = ()
+
+
+class ToolSplitter:
+    """One answer's text split into plain text and tool calls (module docstring)."""
+
+    def __init__(self, family: Family, tools: Sequence[Any] | None, request_id: str,
+                 parallel: bool = True) -> None:
+        self.family = family
+        self.tools = list(tools) if tools else None
+        self.names = tool_names(tools)
+        self.request_id = request_id
+        self.parallel = parallel
+        edges: dict[str, list[tuple[str, str]]] = {"normal": [(family.start, "tool")],
+                                                   "tool": []}
+        if family.end:
+            edges["tool"].append((family.end, "normal"))
+        self.state = TextStateMachine(edges).make_state("normal")
+        self.inside = False  # within a call's markers
+        self.held = ""  # the call's text so far, without its markers
+        self.made = 0  # calls parsed (and kept)
+        self.failures = 0  # call texts that did not parse, sent on as text
+        self.dropped = 0  # calls past the first when parallel_tool_calls is false
+        self.closed = False
+
+    def feed(self, text: str) -> Split:
+        """The next piece of committed answer text."""
+        self.state, segments = TextStateMachine.split(self.state, text)
+        return self._take(segments)
+
+    def close(self) -> Split:
+        """The answer ended: what was held back, and an unclosed call (module docstring)."""
+        if self.closed:
+            return Split("")
+        self.closed = True
+        self.state, rest, where = TextStateMachine.flush(self.state)
+        out = self._take([(where, rest)])
+        if not self.inside:
+            return out
+        self.inside = False
+        if self.family.end_optional:
+            end = self._call(self.held, closed=False)
+        else:
+            self.failures += 1
+            end = Split(self.family.start + self.held)
+        self.held = ""
+        return Split(out.text + end.text, out.calls + end.calls)
+
+    def _take(self, segments: Sequence[tuple[str | None, str]]) -> Split:
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for where, piece in segments:
+            if where == "tool":
+                if not self.inside:
+                    self.inside, self.held = True, ""
+                self.held += piece
+                continue
+            if self.inside:  # the end marker closed the call
+                self.inside = False
+                got = self._call(self.held, closed=True)
+                self.held = ""
+                texts.append(got.text)
+                calls.extend(got.calls)
+            texts.append(piece)
+        return Split("".join(texts), tuple(calls))
+
+    def _call(self, inner: str, closed: bool) -> Split:
+        """A call's text between its markers: its calls, or the text it was."""
+        try:
+            found = calls_of(self.family.parse(inner, self.tools), self.names)
+        except Exception:  # mlx-lm's parsers raise what they meet (ValueError, ...)
+            self.failures += 1
+            return Split(self.family.start + inner + (self.family.end if closed else ""))
+        calls = []
+        for name, arguments in found:
+            if not self.parallel and self.made >= 1:
+                self.dropped += 1
+                continue
+            calls.append(ToolCall(self.made, call_id(self.request_id, self.made), name,
+                                  arguments))
+            self.made += 1
+        return Split("", tuple(calls))
+
+
+def splitter_for(family: Family, tools_json: str | None, tool_choice: str | None,
+                 request_id: str, parallel: bool) -> ToolSplitter | None:
+    """The request's splitter: only when it has tools and tool_choice is not "none"."""
+    if not tools_json or tool_choice == "none":
+        return None
+    tools = json.loads(tools_json)
+    if not isinstance(tools, list) or not tools:
+        return None
+    return ToolSplitter(family, tools, request_id, parallel)

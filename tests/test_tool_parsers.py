@@ -1,0 +1,210 @@
+"""Tool calls out of answers as real model families emit them (seatd/tool_calls.py):
+mlx-lm's parser for each family, the markers found however the text is cut into
+chunks, a call that does not parse sent on as the text it was."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from seatd.tool_calls import (
+    Family,
+    ToolSplitter,
+    call_id,
+    calls_of,
+    family_named,
+    seat_family,
+    splitter_for,
+)
+from shared.builtin import resolve_model
+from shared.prompt import load_tokenizer
+
+DATA = Path(__file__).parent / "data" / "tool_calls"
+TOOLS: list[Any] = json.loads((DATA / "tools.json").read_text())
+RECORDINGS = sorted(p.stem for p in DATA.glob("*.txt"))
+
+
+def recording(stem: str) -> tuple[str, dict[str, Any]]:
+    """A recorded answer and what it holds: its family, its text outside calls, its calls."""
+    return (DATA / f"{stem}.txt").read_text(), json.loads((DATA / f"{stem}.json").read_text())
+
+
+def run(family: Family, pieces: list[str], tools: list[Any] | None = TOOLS,
+        parallel: bool = True) -> tuple[str, list[dict[str, Any]], ToolSplitter]:
+    """Feed `pieces` and close: (the text sent, the calls as name and decoded arguments)."""
+    splitter = ToolSplitter(family, tools, "req-1", parallel)
+    texts: list[str] = []
+    calls = []
+    for piece in [*pieces, None]:
+        got = splitter.close() if piece is None else splitter.feed(piece)
+        texts.append(got.text)
+        calls.extend(got.calls)
+    assert [c.index for c in calls] == list(range(len(calls)))
+    assert [c.id for c in calls] == [call_id("req-1", i) for i in range(len(calls))]
+    return "".join(texts), [{"name": c.name, "arguments": json.loads(c.arguments)}
+                            for c in calls], splitter
+
+
+def cuts(text: str) -> list[list[str]]:
+    """The text whole, one character at a time, at every single cut, and in random pieces."""
+    out = [[text], list(text)]
+    out += [[text[:i], text[i:]] for i in range(1, len(text))]
+    rng = random.Random(len(text))
+    for _ in range(20):
+        points = sorted(rng.sample(range(1, len(text)), min(6, len(text) - 1)))
+        out.append([text[a:b] for a, b in zip([0, *points], [*points, len(text)], strict=True)])
+    return out
+
+
+def test_every_family_of_the_list_is_recorded() -> None:
+    """The families the issue names, each with at least one recorded answer."""
+    families = {recording(stem)[1]["family"] for stem in RECORDINGS}
+    assert {"json_tools", "qwen3_coder", "mistral", "pythonic", "glm47", "kimi_k2",
+            "minimax_m2", "gemma4", "function_gemma", "longcat", "minicpm5"} <= families
+
+
+@pytest.mark.parametrize("stem", RECORDINGS)
+def test_a_recorded_answer_gives_its_calls_however_it_is_cut(stem: str) -> None:
+    """The calls and the text around them, the same whatever chunks the text came in."""
+    text, want = recording(stem)
+    family = family_named(want["family"])
+    for pieces in cuts(text):
+        sent, calls, splitter = run(family, pieces)
+        assert (sent, calls) == (want["text"], want["calls"]), pieces
+        assert splitter.failures == 0 and splitter.made == len(want["calls"])
+
+
+def test_text_before_a_call_is_sent_before_the_call_completes() -> None:
+    """Plain text is never held longer than a possible start marker."""
+    splitter = ToolSplitter(family_named("json_tools"), TOOLS, "r")
+    assert splitter.feed("Sure, <tool") == ("Sure, ", ())
+    assert splitter.feed("bar> and") == ("<toolbar> and", ())
+    assert splitter.feed(" <tool_call>\n{\"name\": ") == (" ", ())
+    got = splitter.feed('"get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>.')
+    assert got.text == "." and [c.name for c in got.calls] == ["get_time"]
+
+
+MALFORMED = [
+    # bad JSON inside the markers
+    ("json_tools", 'A<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"\n'
+                   "</tool_call>B"),
+    # a call of a function the request did not give
+    ("json_tools", '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'),
+    # arguments that are not an object
+    ("json_tools", '<tool_call>\n{"name": "get_time", "arguments": [1]}\n</tool_call>'),
+    # no call in the family's syntax between its markers
+    ("pythonic", "<|tool_call_start|>[get_weather(city=<|tool_call_end|>"),
+    # unclosed at the end of the answer, in a family whose end marker is not optional
+    ("json_tools", 'Sure.<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}'),
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar"),
+    ("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_time:0"),
+    # cut short where the end marker is optional (the answer ran out of tokens)
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Par'),
+]
+
+
+@pytest.mark.parametrize(("family", "text"), MALFORMED)
+def test_a_malformed_call_is_sent_on_as_text(family: str, text: str) -> None:
+    """Nothing is lost and nothing made up: the text as it was, one failure counted."""
+    for pieces in cuts(text):
+        sent, calls, splitter = run(family_named(family), pieces)
+        assert (sent, calls, splitter.failures) == (text, [], 1), pieces
+
+
+def test_a_malformed_call_beside_a_good_one() -> None:
+    """Each call stands alone: the good one parses, the bad one stays text."""
+    bad = '<tool_call>\n{"name": "get_time", "arguments": \n</tool_call>'
+    good = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>'
+    sent, calls, splitter = run(family_named("json_tools"), [bad + "\n" + good])
+    assert sent == bad + "\n" and calls == [{"name": "get_time",
+                                            "arguments": {"timezone": "UTC"}}]
+    assert (splitter.made, splitter.failures) == (1, 1)
+
+
+def test_an_unclosed_call_is_parsed_where_the_end_marker_is_optional() -> None:
+    """Mistral's calls run to the end of the answer; an end marker that is an EOS token
+    never shows in the text, so a call ending the answer is complete."""
+    text, want = recording("mistral_json")
+    assert run(family_named("mistral"), [text])[:2] == (want["text"], want["calls"])
+    eos_end = family_named("json_tools", end_is_eos=True)
+    sent, calls, _ = run(eos_end, ['<tool_call>{"name": "get_time", "arguments": {}}'])
+    assert (sent, calls) == ("", [{"name": "get_time", "arguments": {}}])
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
+    """The client asked for one call: later ones are dropped, neither calls nor text."""
+    for stem in ("json_tools", "pythonic", "kimi_k2", "mistral"):
+        text, want = recording(stem)
+        sent, calls, splitter = run(family_named(want["family"]), [text], parallel=False)
+        assert (sent, calls) == (want["text"], want["calls"][:1]), stem
+        assert (splitter.made, splitter.dropped) == (1, len(want["calls"]) - 1), stem
+
+
+def test_calls_of_normalises_what_the_parsers_return() -> None:
+    """A dict or a list; arguments as an object or its JSON text; "parameters" as
+    Llama-style JSON names them; anything else is refused."""
+    names = frozenset({"f"})
+    assert calls_of({"name": "f", "arguments": {"x": "é"}}, names) == [("f", '{"x": "é"}')]
+    assert calls_of([{"name": "f", "arguments": '{"x": 1}'}, {"name": "f"}], names) == \
+        [("f", '{"x": 1}'), ("f", "{}")]
+    assert calls_of({"name": "f", "parameters": {"x": 1}}, None) == [("f", '{"x": 1}')]
+    for bad in ([], "f", {"arguments": {}}, {"name": "g", "arguments": {}},
+                {"name": "f", "arguments": "not json"}, {"name": "f", "arguments": 3}):
+        with pytest.raises(ValueError):
+            calls_of(bad, names)
+
+
+def test_call_ids_are_deterministic_and_distinct() -> None:
+    """The same request and index give the same id; ids are call_ and 24 hex digits."""
+    assert call_id("a", 0) == call_id("a", 0)
+    ids = {call_id(r, i) for r in ("a", "b") for i in range(3)}
+    assert len(ids) == 6
+    assert all(i.startswith("call_") and len(i) == 29 and int(i[5:], 16) >= 0 for i in ids)
+
+
+@pytest.mark.parametrize(("tools", "choice", "active"), [
+    (TOOLS, None, True),
+    (TOOLS, "auto", True),
+    (TOOLS, "required", True),
+    (TOOLS, "function:get_time", True),
+    (TOOLS, "none", False),
+    ([], None, False),
+    (None, None, False),
+])
+def test_the_splitter_runs_only_for_requests_with_tools(tools: list[Any] | None,
+                                                        choice: str | None,
+                                                        active: bool) -> None:
+    tools_json = None if tools is None else json.dumps(tools)
+    got = splitter_for(family_named("json_tools"), tools_json, choice, "r", True)
+    assert (got is not None) == active
+
+
+def test_a_seat_without_a_parser_uses_sanctums_own_syntax() -> None:
+    """The demo models' ChatML template knows no tools: json_tools, end marker required."""
+    family = seat_family(load_tokenizer(resolve_model("builtin:demo")))
+    assert (family.name, family.start, family.end, family.end_optional) == \
+        ("json_tools", "<tool_call>", "</tool_call>", False)
+
+
+def test_a_seat_with_a_parser_uses_its_family() -> None:
+    """A tokenizer whose template renders tools, with mlx-lm's parser for its family
+    (as mlx-lm's loader sets it up): that family; an end marker that is one EOS token
+    makes it optional."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from mlx_lm.tool_parsers import qwen3_coder
+
+    demo = load_tokenizer(resolve_model("builtin:demo"))
+    hf = demo._tokenizer
+    hf.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}{{ tools }}"
+    eos = hf.convert_ids_to_tokens(sorted(demo.eos_token_ids)[0])
+    for end, optional in (("</tool_call>", False), (eos, True)):
+        wrapped = TokenizerWrapper(hf, eos_token_ids=demo.eos_token_ids,
+                                   tool_parser=qwen3_coder.parse_tool_call,
+                                   tool_call_start="<tool_call>", tool_call_end=end)
+        family = seat_family(wrapped)
+        assert (family.start, family.end, family.end_optional) == ("<tool_call>", end, optional)
+        assert family.parse is qwen3_coder.parse_tool_call
