@@ -16,12 +16,14 @@ Unseeded requests draw by a **chained** rule: keys from OS entropy, one per draw
 speculative rounds use rejection sampling, which accepts more drafts above
 temperature 0 than the keyed rule's coupling can.
 
-`filter_logits` is kept apart from the draw so that a verifier compares the same
-filtered distribution a plain step samples from.
+`filter_logits` (temperature, top-k, top-p, min_p) is kept apart from the draw so that
+a verifier compares the same filtered distribution a plain step samples from.  Logits
+reach it already shaped (`seatd.shaping`: grammar mask, penalties, bias).
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 import mlx.core as mx
@@ -33,7 +35,10 @@ KEYED_RULE = "gumbel-v1"  # named in the seat's fingerprint: changing it changes
 
 
 def filter_logits(logits: mx.array, params: SamplingParams) -> mx.array:
-    """Temperature, then top-k, then top-p; masked entries become -inf."""
+    """Temperature, then top-k, then top-p, then min_p; masked entries become -inf.
+
+    min_p drops tokens whose probability is below min_p times the best one's: in logits,
+    those below the best logit + log(min_p) (the best token always stays)."""
     logits = logits.astype(mx.float32) / params.temperature
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
@@ -48,6 +53,9 @@ def filter_logits(logits: mx.array, params: SamplingParams) -> mx.array:
         kept = (before < params.top_p).sum(axis=-1, keepdims=True)
         cutoff = mx.take_along_axis(sorted_logits, kept - 1, axis=-1)
         logits = mx.where(logits >= cutoff, logits, -mx.inf)
+    if params.min_p > 0.0:
+        floor = logits.max(axis=-1, keepdims=True) + math.log(params.min_p)
+        logits = mx.where(logits < floor, -mx.inf, logits)
     return logits
 
 
