@@ -18,6 +18,13 @@ noise is keyed by its own seed and answer position, so its neighbours never chan
 its randomness), its own stops and budget (`seatd.answer`), its own drafter and
 counters.  A row's error ends that row only: the batch goes on without it.
 
+A row may shape its logits (`seatd.shaping`: a grammar's mask, penalties, logit bias),
+identically in a plain step, at every position of a verified block and in its drafter's
+proposal; a row with nothing to shape has no `Shaper` and costs nothing.  A row under a
+grammar has its token read (and consumed into the grammar) before its next step, and a
+draft is cut at its first token the grammar forbids.  Rows that ask for
+log-probabilities get them from their raw logits at each token taken.
+
 Whether a step speculates is decided per step (`seatd.batch_policy`): alone, a row
 follows its request's adaptive depth as a single request does; in a batch, a verify
 step must beat a plain one at this batch size by the seat's measured step times, or
@@ -54,6 +61,7 @@ from seatd.prefill_rows import PrefillCost, stack, stackable, take
 from seatd.rows_cache import SLACK, OneRow, RowsCache, lane_cache
 from seatd.rows_drafter import Ask, RowsDrafter
 from seatd.sampling import Draws, Keyed, draws_for
+from seatd.shaping import Matcher, Shaper, logprob_arrays, token_logprobs
 from seatd.verify import draft_probs, verify_greedy, verify_sampled
 from shared.protocol import Generate, SamplingParams, TokenLogprob
 
@@ -95,6 +103,10 @@ class Work:
     first_token_at: float | None = None
     prepared: bool = False
     fault: bool = False  # an injected prefill fault (the worker's SANCTUM_FAULT_ROW)
+    # Structured output: the answer's matcher (set in `prepare`), already past a
+    # continued answer's prefix (`seatd.grammar.SeatGrammar.for_request`); the engine
+    # feeds it every token the answer takes.
+    grammar: Matcher | None = None
 
 
 def lane_key(work: Work) -> str:
@@ -120,6 +132,15 @@ class Row:
     last_kept: int = 0
     park_left: int = 0  # plain tokens left in a parked burst (`seatd.adaptive`)
     probe: bool = False  # a probe round is due after the burst
+    shaper: Shaper | None = None  # None: nothing to shape (`seatd.shaping`)
+    top: int | None = None  # log-probabilities asked for, with this many alternatives
+    feed_lp: tuple[mx.array, ...] | None = None  # `logprob_arrays` of an unread feed
+    lps: list[TokenLogprob] = field(default_factory=list)  # of answer.ids[start:]
+    lp_sent: int = 0  # lps[:lp_sent] went out with their ids
+
+    @property
+    def grammar(self) -> Matcher | None:
+        return self.shaper.grammar if self.shaper is not None else None
 
     @property
     def rid(self) -> str:
@@ -310,20 +331,29 @@ class Engine:
         budget = min(params.max_tokens,
                      max(self.context_length - n_prompt + len(prefix), 0))
         report = SpecReport()
+        shaper = Shaper.for_row(params, self.width, work.prompt, prefix, work.grammar)
 
         def send(text: str, count: int) -> None:
             if work.first_token_at is None:
                 work.first_token_at = time.monotonic()
-            work.emit(text, count, report.state, row.answer.fresh_ids(), ())
+            fresh = row.answer.fresh_ids()
+            lps: Sequence[TokenLogprob] = ()
+            if row.top is not None:
+                lps = row.lps[row.lp_sent : row.lp_sent + len(fresh)]
+                row.lp_sent += len(fresh)
+            work.emit(text, count, report.state, fresh, lps)
 
         row = Row(work, params, draws_for(params, self.width),
                   Answer(self.tokenizer, params, budget, send, prefix=prefix,
                          sent=work.request.prefix or ""), report)
         row.issued = row.start = len(prefix)
+        row.shaper, row.top = shaper, params.logprobs
         spec = work.spec
         if spec is not None:
             if spec.decline is not None or spec.drafter is None or spec.depth == 0:
                 report.state = f"declined:{spec.decline or 'not_profitable'}"
+            elif shaper is not None and not getattr(spec.drafter, "shapes", False):
+                report.state = "declined:constrained"  # a drafter that cannot shape
             else:
                 report.state = "declined:no_proposal"
                 begin = getattr(spec.drafter, "begin", None)
@@ -519,8 +549,10 @@ class Engine:
             spec = row.work.spec
             drafter = spec.drafter if spec is not None else None
             # Exactly ModelDrafter: a subclass may draft its own way.
+            # A grammar's masks need each drafted token on the host: such a row drafts
+            # alone, where its own drafter steps through them.
             if row.speculating and row.drafter_in and isinstance(drafter, ModelDrafter) \
-                    and type(drafter) is ModelDrafter:
+                    and type(drafter) is ModelDrafter and row.grammar is None:
                 ready.append((row, drafter))
         if lane.drafter is None and len(ready) < 2:
             return  # a row drafting alone keeps its own drafter, as a request alone
@@ -608,7 +640,12 @@ class Engine:
         return depth, expected
 
     def _sample(self, logits: mx.array, rows: list[Row]) -> mx.array:
-        """One token per row of logits (B, V), each by its row's own rule and position."""
+        """One token per row of logits (B, V), each by its row's own rule and position,
+        from its shaped logits."""
+        if any(r.shaper is not None for r in rows):
+            logits = mx.concatenate([
+                r.shaper.shape(logits[b : b + 1]) if r.shaper is not None
+                else logits[b : b + 1].astype(mx.float32) for b, r in enumerate(rows)])
         greedy = mx.argmax(logits, axis=-1)
         if all(r.params.temperature == 0 for r in rows):
             return greedy
@@ -623,31 +660,81 @@ class Engine:
     def _plain_step(self, lane: Lane) -> None:
         rows = lane.rows
         B = len(rows)
+        # A grammar's mask needs its last token: such rows' tokens are read first.
+        self._read(rows, [b for b, r in enumerate(rows) if r.unread and r.grammar is not None])
         feeds = [r.feed for r in rows]
         x = mx.concatenate(feeds)[:, None]  # type: ignore[arg-type]
         lane.cache.begin([1] * B, 1)
         logits = self.model(x, cache=lane.cache.layers)[:, -1, :]
         lane.cache.end()
         new = self._sample(logits, rows)
-        mx.async_eval(new)  # type: ignore[no-untyped-call]  # MLX ships it unannotated
-        # The next step is on its way; now the host reads this step's inputs.
-        unread = [b for b, r in enumerate(rows) if r.unread]
-        if unread:
-            values = _ints(mx.concatenate([feeds[b] for b in unread]))  # type: ignore[misc]
-            for b, token in zip(unread, values, strict=True):
-                self._take(rows[b], [token])
+        pending = [new]
+        new_lps: list[tuple[mx.array, ...] | None] = []
         for b, r in enumerate(rows):
-            r.feed = new[b : b + 1]
+            new_lps.append(None)
+            if r.top is not None:
+                new_lps[b] = logprob_arrays(logits[b : b + 1], new[b : b + 1], r.top)
+                pending.extend(new_lps[b])  # type: ignore[arg-type]
+            if r.shaper is not None:
+                r.shaper.advance(new[b : b + 1])
+                pending.extend(r.shaper.state)
+        mx.async_eval(*pending)  # type: ignore[no-untyped-call]  # MLX ships it unannotated
+        # The next step is on its way; now the host reads this step's inputs.
+        self._read(rows, [b for b, r in enumerate(rows) if r.unread], feeds)
+        for b, r in enumerate(rows):
+            r.feed, r.feed_lp = new[b : b + 1], new_lps[b]
             r.unread = True
             r.issued += 1
 
-    def _take(self, row: Row, tokens: list[int]) -> None:
-        for token in tokens:
+    def _read(self, rows: list[Row], which: list[int],
+              feeds: list[mx.array | None] | None = None) -> None:
+        """The host takes the unread tokens of rows `which` (their `feed`s, or those
+        given), with their log-probabilities."""
+        if not which:
+            return
+        feeds = feeds if feeds is not None else [r.feed for r in rows]
+        values = _ints(mx.concatenate([feeds[b] for b in which]))  # type: ignore[misc]
+        for b, token in zip(which, values, strict=True):
+            row = rows[b]
+            lps: list[TokenLogprob | None] = [None]
+            if row.feed_lp is not None:
+                lps = list(token_logprobs(self.tokenizer, [token], row.feed_lp))
+                row.feed_lp = None
+            row.unread = False
+            self._take(row, [token], lps)
+
+    def _accept(self, row: Row, token: int, lp: TokenLogprob | None) -> None:
+        """One sampled token into the row's answer, its log-probability beside it (the
+        answer may send it at once) and its grammar."""
+        if row.answer.done:
+            return
+        answer = row.answer
+        before = len(answer.ids)
+        if lp is not None:
+            row.lps.append(lp)
+        answer.take(token)
+        if lp is not None and len(answer.ids) == before:
+            row.lps.pop()  # an end of sequence is no answer token
+        if not answer.done or token not in answer.eos:
+            self.on_token()
+        grammar = row.grammar
+        if grammar is None:
+            return
+        try:
+            grammar.consume([token])
+        except Exception as exc:  # the grammar broke: this row ends, the batch goes on
+            log.warning("grammar_failed", error=repr(exc), request_id=row.rid)
+            self._finish(row, exc)
+            return
+        if grammar.finished and not answer.done:
+            answer.finish, answer.done = "stop", True  # the structured answer is whole
+
+    def _take(self, row: Row, tokens: list[int],
+              lps: Sequence[TokenLogprob | None] | None = None) -> None:
+        for i, token in enumerate(tokens):
             if row.answer.done:
                 return
-            row.answer.take(token)
-            if not row.answer.done or token not in row.answer.eos:
-                self.on_token()
+            self._accept(row, token, lps[i] if lps is not None else None)
             spec = row.work.spec
             if row.speculating and spec is not None and spec.drafter is not None \
                     and len(tokens) == 1:
@@ -661,12 +748,7 @@ class Engine:
     def _verify_step(self, lane: Lane, depths: list[int]) -> None:
         rows = lane.rows
         # Read what plain steps left in flight: drafts start from the last token.
-        unread = [b for b, r in enumerate(rows) if r.unread]
-        if unread:
-            values = _ints(mx.concatenate([rows[b].feed for b in unread]))  # type: ignore[misc]
-            for b, token in zip(unread, values, strict=True):
-                rows[b].unread = False
-                self._take(rows[b], [token])
+        self._read(rows, [b for b, r in enumerate(rows) if r.unread])
         together = self._propose_together(lane, depths)
         drafts: list[Any] = []
         for b, r in enumerate(rows):
@@ -676,21 +758,38 @@ class Engine:
             if draft is None and k > 0 and spec is not None and spec.drafter is not None \
                     and (lane.drafter is None or r.rid not in lane.drafter):
                 try:
-                    draft = spec.drafter.propose(k, r.params, r.draws, r.issued)
+                    if r.shaper is not None:
+                        draft = spec.drafter.propose(k, r.params, r.draws, r.issued,
+                                                     shaper=r.shaper)
+                    else:
+                        draft = spec.drafter.propose(k, r.params, r.draws, r.issued)
                 except Exception as exc:  # a drafter's fault is a decline, never a failure
                     log.warning("drafter_failed", error=repr(exc), request_id=r.rid)
                     r.speculating = False
                     r.report.state = "declined:drafter_error"
                     draft = None
             drafts.append(draft if draft is not None and draft.k > 0 else None)
-        counts = [1 + (d.k if d is not None else 0) for d in drafts]
-        n = max(counts)
+        # A grammar cuts a draft before its first forbidden token (never accepted); the
+        # masks of the positions verified come with the cut.
+        limits: list[int] = []
+        masks: list[mx.array | None] = []
+        for r, d in zip(rows, drafts, strict=True):
+            grammar = r.grammar
+            if grammar is None or d is None:
+                limits.append(d.k if d is not None else 0)
+                masks.append(None)
+                continue
+            along, allowed = grammar.masks_along(_ints(d.tokens))
+            limits.append(allowed)
+            masks.append(along[: allowed + 1])
+        widths = [1 + lim for lim in limits]
+        n = max(widths)
         pad = mx.zeros((n,), dtype=mx.uint32)
         block = mx.stack([
-            mx.concatenate([r.feed, d.tokens, pad[: n - c]]) if d is not None  # type: ignore[list-item]
+            mx.concatenate([r.feed, d.tokens[:lim], pad[: n - w]]) if lim  # type: ignore[list-item]
             else mx.concatenate([r.feed, pad[: n - 1]])  # type: ignore[list-item]
-            for r, d, c in zip(rows, drafts, counts, strict=True)])
-        lane.cache.begin(counts, n)
+            for r, d, lim, w in zip(rows, drafts, limits, widths, strict=True)])
+        lane.cache.begin(widths, n)
         if n > 1 and lane.cache.recurrent_layers:
             with recurrent.recording():
                 logits = self.model(block, cache=lane.cache.layers)  # (B, n, V)
@@ -698,23 +797,28 @@ class Engine:
             logits = self.model(block, cache=lane.cache.layers)
         lane.cache.end()
         verdicts: list[tuple[mx.array, mx.array]] = []
-        for b, (r, d) in enumerate(zip(rows, drafts, strict=True)):
-            if d is None:
+        for b, (r, d, lim, mask) in enumerate(zip(rows, drafts, limits, masks, strict=True)):
+            if d is None or lim == 0:
                 first = logits[b : b + 1, 0, :]
+                if r.shaper is not None:
+                    first = r.shaper.shape(first)
                 pick = (r.draws.token(first, r.params, r.issued) if r.params.temperature > 0
                         else mx.argmax(first, axis=-1))
                 verdicts.append((mx.array([0]), pick))
                 continue
-            own = logits[b : b + 1, : d.k + 1, :]
+            tokens = d.tokens[:lim]
+            own = logits[b : b + 1, : lim + 1, :]
+            if r.shaper is not None:
+                own = r.shaper.shape_block(own, tokens, mask)
             if r.params.temperature == 0:
-                verdicts.append(verify_greedy(own, d.tokens[None]))
+                verdicts.append(verify_greedy(own, tokens[None]))
             elif isinstance(r.draws, Keyed):
                 verdicts.append(verify_greedy(r.draws.scores(own, r.params, r.issued),
-                                              d.tokens[None]))
+                                              tokens[None]))
             else:
-                probs = d.probs[None] if d.probs is not None else None
+                probs = d.probs[None, :lim] if d.probs is not None else None
                 assert not isinstance(r.draws, Keyed)
-                verdicts.append(verify_sampled(draft_probs(own, r.params), d.tokens[None], probs,
+                verdicts.append(verify_sampled(draft_probs(own, r.params), tokens[None], probs,
                                                r.draws.next_key()))
         flat = [a for v in verdicts for a in v]
         mx.eval(flat, [d.tokens for d in drafts if d is not None])
@@ -722,16 +826,19 @@ class Engine:
         outs: list[list[int]] = []
         for (n_arr, t_arr), d in zip(verdicts, drafts, strict=True):
             kept, token = _ints(n_arr)[0], _ints(t_arr)[0]
-            tokens = _ints(d.tokens) if d is not None else []
+            tokens_host = _ints(d.tokens) if d is not None else []
             keeps.append(kept + 1)
-            outs.append([*tokens[:kept], token])
+            outs.append([*tokens_host[:kept], token])
         lane.cache.roll_back(keeps, n)
         if lane.cache.holes() > SLACK:
             lane.cache.compact()
-        for r, d, out, keep in zip(rows, drafts, outs, keeps, strict=True):
+        token_lps = self._block_logprobs(logits, rows, outs)
+        for r, d, out, keep, lps in zip(rows, drafts, outs, keeps, token_lps, strict=True):
             r.issued += len(out)
             r.feed = mx.array([out[-1]], dtype=mx.uint32)
             r.unread = False
+            if r.shaper is not None:
+                r.shaper.advance(r.feed if len(out) == 1 else mx.array(out, dtype=mx.uint32))
             spec = r.work.spec
             if d is not None and spec is not None:
                 kept = keep - 1
@@ -747,20 +854,32 @@ class Engine:
                     log.warning("drafter_failed", error=repr(exc), request_id=r.rid)
                     r.speculating = False
                     r.report.state = "declined:drafter_error"
-                for token in out:
+                for token, lp in zip(out, lps, strict=True):
                     if r.answer.done:
                         break
-                    r.answer.take(token)
-                    if not (r.answer.done and token in r.answer.eos):
-                        self.on_token()
+                    self._accept(r, token, lp)
             else:
-                self._take(r, out)
+                self._take(r, out, lps)
+
+    def _block_logprobs(self, logits: mx.array, rows: list[Row], outs: list[list[int]]
+                        ) -> list[list[TokenLogprob | None]]:
+        """Each row's log-probabilities of the tokens a verify step kept, from the rows
+        of the block's raw logits at their positions."""
+        arrays = {b: logprob_arrays(logits[b, : len(out), :], mx.array(out, dtype=mx.uint32),
+                                    r.top)
+                  for b, (r, out) in enumerate(zip(rows, outs, strict=True))
+                  if r.top is not None}
+        if not arrays:
+            return [[None] * len(out) for out in outs]
+        mx.eval(*(a for v in arrays.values() for a in v))
+        return [list(token_logprobs(self.tokenizer, out, arrays[b])) if b in arrays
+                else [None] * len(out) for b, out in enumerate(outs)]
 
     def _propose_together(self, lane: Lane, depths: list[int]) -> dict[str, Any]:
         """The drafts of the rows that draft together, in one forward per position."""
         if lane.drafter is None:
             return {}
-        asks = {r.rid: Ask(k, r.params, r.draws, r.issued)
+        asks = {r.rid: Ask(k, r.params, r.draws, r.issued, r.shaper)
                 for r, k in zip(lane.rows, depths, strict=True)
                 if k > 0 and not r.answer.done and r.rid in lane.drafter}
         if not asks:

@@ -3,13 +3,18 @@
 One interface, so block drafters and native multi-token heads can join later:
 
     start(prompt_ids)                                  see the prompt (prefill, index)
-    propose(k, params, draws, position) -> Draft | None
+    propose(k, params, draws, position, shaper=None) -> Draft | None
                                   up to k tokens for answer positions position.., lazily
     settle(kept, drafted, next_token)                  the round's verdict: roll back to it
 
 A model drafter draws with the request's own rule (`seatd.sampling`): for a seeded
 request the same keyed noise as the target at each position, so a draft is kept
-exactly when it is the token the target would have drawn there.
+exactly when it is the token the target would have drawn there.  A row that shapes its
+logits (`seatd.shaping`: penalties, bias, a grammar) passes its `Shaper`: a model
+drafter shapes its own logits the same way, stepping a copy of the row's state through
+its drafted tokens, so its proposal is the target's rule on the drafter's logits.  A
+drafter says it can do that with `shapes = True`; the engine declines speculation for a
+shaped row whose drafter cannot (`declined:constrained`).
 
 `ModelDrafter` runs a small model sharing the target's tokenizer, with its own
 cache kept in step with the target's.  `LookupDrafter` copies what followed the
@@ -27,6 +32,7 @@ import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 
 from seatd.sampling import Draws
+from seatd.shaping import Shaper
 from seatd.verify import draft_probs
 from shared.protocol import SamplingParams
 
@@ -44,7 +50,7 @@ class Drafter(Protocol):
     def start(self, prompt_ids: Sequence[int]) -> None: ...
 
     def propose(self, k: int, params: SamplingParams, draws: Draws,
-                position: int) -> Draft | None: ...
+                position: int, shaper: Shaper | None = None) -> Draft | None: ...
 
     def settle(self, kept: int, drafted: int, next_token: int, tokens: Sequence[int]) -> None: ...
 
@@ -53,6 +59,8 @@ class Drafter(Protocol):
 
 class ModelDrafter:
     """A small model drafting autoregressively; its cache follows the target's."""
+
+    shapes = True
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -85,18 +93,23 @@ class ModelDrafter:
         return self._done >= upto
 
     def propose(self, k: int, params: SamplingParams, draws: Draws,
-                position: int) -> Draft:
+                position: int, shaper: Shaper | None = None) -> Draft:
         x = mx.array(self.pending, dtype=mx.uint32)[None]
         logits = self.model(x, cache=self.cache)[:, -1, :]
         tokens: list[mx.array] = []
         rows: list[mx.array] = []
         # Rejection sampling (unseeded, above 0) needs the drafter's distribution q.
         with_q = params.temperature > 0 and not draws.keyed
+        walk = shaper.cursor() if shaper is not None else None
         for i in range(k):
+            if walk is not None:
+                logits = walk.shape(logits)
             if with_q:
                 rows.append(draft_probs(logits, params))
             t = draws.token(logits, params, position + i)
             tokens.append(t)
+            if walk is not None and i < k - 1:
+                walk.push(t)
             if i < k - 1:
                 logits = self.model(t[None], cache=self.cache)[:, -1, :]
         probs = mx.concatenate(rows, axis=0) if rows else None
@@ -116,7 +129,12 @@ class ModelDrafter:
 
 
 class LookupDrafter:
-    """Prompt n-gram lookup: propose what followed the last n-gram's latest match."""
+    """Prompt n-gram lookup: propose what followed the last n-gram's latest match.
+
+    Its q is one-hot, so shaping needs nothing of it: the verifier judges its drafts
+    against the shaped target, and cuts a draft at a token the grammar forbids."""
+
+    shapes = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.max_ngram = max_ngram
@@ -141,7 +159,7 @@ class LookupDrafter:
         return []
 
     def propose(self, k: int, params: SamplingParams, draws: Draws,
-                position: int) -> Draft | None:
+                position: int, shaper: Shaper | None = None) -> Draft | None:
         follow = self.find(k)
         if not follow:
             return None

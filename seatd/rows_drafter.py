@@ -18,7 +18,9 @@ forgets the drafts the target rejected (their columns become invalid for it), as
 `ModelDrafter.settle` trims its own cache.  Draft tokens come from each row's own
 sampling rule and answer position, so a seeded row's draws never depend on its
 neighbours; and a draft only decides how many tokens a verify keeps, never which
-(`seatd.verify`).
+(`seatd.verify`).  A row that shapes its logits (`seatd.shaping`) has them shaped here
+as its own drafter would; a row under a grammar drafts alone (its mask needs each
+drafted token on the host), never here (`seatd.batch`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 from seatd.drafters import Draft, ModelDrafter
 from seatd.rows_cache import SLACK, RowsCache, Unbatchable
 from seatd.sampling import Draws
+from seatd.shaping import Cursor, Shaper
 from seatd.verify import draft_probs
 from shared.protocol import SamplingParams
 
@@ -50,6 +53,7 @@ class Ask:
     params: SamplingParams
     draws: Draws
     position: int  # the answer position of the first draft
+    shaper: Shaper | None = None  # the row's shaping (never a grammar's, here)
 
 
 class RowsDrafter:
@@ -105,8 +109,12 @@ class RowsDrafter:
         logits = self._forward(block, [len(p) for p in pending])
         tokens: list[list[mx.array]] = [[] for _ in rows]
         probs: list[list[mx.array]] = [[] for _ in rows]
+        walks: list[Cursor | None] = []
         for m in rows:
             m.fed = []
+            ask_m = asks.get(m.key)
+            walks.append(ask_m.shaper.cursor() if ask_m is not None
+                         and ask_m.shaper is not None else None)
         for step in range(max(ks)):
             for b, (m, k) in enumerate(zip(rows, ks, strict=True)):
                 if step >= k:
@@ -114,9 +122,14 @@ class RowsDrafter:
                 ask = asks[m.key]
                 at = len(pending[b]) - 1 if step == 0 else 0
                 row_logits = logits[b : b + 1, at, :]
+                walk = walks[b]
+                if walk is not None:
+                    row_logits = walk.shape(row_logits)
                 if ask.params.temperature > 0 and not ask.draws.keyed:
                     probs[b].append(draft_probs(row_logits, ask.params))
                 tokens[b].append(ask.draws.token(row_logits, ask.params, ask.position + step))
+                if walk is not None and step + 1 < k:
+                    walk.push(tokens[b][-1])
             feeding = [b for b, k in enumerate(ks) if step + 1 < k]
             if not feeding:
                 break
