@@ -232,6 +232,12 @@ class ToolSplitter:
         return Split("", tuple(calls))
 
 
+def tool_finish(finish: str, calls: int) -> str:
+    """The answer's finish_reason: "tool_calls" when it made a call and ended by itself
+    (end of sequence or a stop), not when it ran out of tokens."""
+    return "tool_calls" if calls and finish == "stop" else finish
+
+
 def splitter_for(family: Family, tools_json: str | None, tool_choice: str | None,
                  request_id: str, parallel: bool) -> ToolSplitter | None:
     """The request's splitter: only when it has tools and tool_choice is not "none"."""

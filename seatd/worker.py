@@ -37,6 +37,7 @@ from seatd.kv_budget import KVBudget, row_bytes
 from seatd.prompt_cache import SeatPromptCache
 from seatd.sampling import KEYED_RULE
 from seatd.speculation import SeatSpeculation
+from seatd.tool_calls import Family, ToolSplitter, seat_family, splitter_for, tool_finish
 from seatd.turns import turn_cuts, turn_marks
 from shared import curve, exitcodes, lifecycle, protocol, seat_side
 from shared.caps import default_seat_cap, seat_refusal
@@ -95,6 +96,10 @@ class Job:
     answered: bool = False
     lane: str = ""
     fingerprint: str = ""
+    # Tool calls split out of the answer's text (set in `prepare` when the request has
+    # tools); used on the MLX thread only, read by `account` after the row ended.
+    calls: ToolSplitter | None = None
+    count: int = 0  # completion tokens of the last chunk
 
 
 @dataclass
@@ -110,6 +115,7 @@ class Loaded:
     width: int = 0  # the model's logits width: keyed noise is made at it
     fingerprints: dict[str, str] = field(default_factory=dict)  # by KV lane
     engine: Engine | None = None
+    tools: Family | None = None  # the tool-call syntax its model writes (seatd.tool_calls)
 
 
 class SeatWorker:
@@ -261,7 +267,8 @@ class SeatWorker:
         engine = Engine(got.model, got.tokenizer, got.context_length, width,
                         self.seat.max_batch, budget, self.progress)
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,
-                      spec, cache, turn_marks(got.tokenizer), width, prints, engine)
+                      spec, cache, turn_marks(got.tokenizer), width, prints, engine,
+                      seat_family(got.tokenizer))
 
     def progress(self) -> None:
         self.tokens_generated += 1  # the MLX thread's heartbeat of real work
@@ -280,17 +287,34 @@ class SeatWorker:
         assert self.loop is not None
         loop = self.loop
 
-        def emit(text: str, count: int, state: str, ids: Sequence[int] = (),
-                 logprobs: Sequence[TokenLogprob] = ()) -> None:
+        def served_if_ok() -> int:
             ahead = sum(1 for other in list(self.running.values())
                         if other.started_at is not None and job.started_at is not None
                         and other.started_at < job.started_at)
+            return self.counters.served + ahead + 1
+
+        def emit(text: str, count: int, state: str, ids: Sequence[int] = (),
+                 logprobs: Sequence[TokenLogprob] = ()) -> None:
+            calls: tuple[protocol.ToolCall, ...] = ()
+            if job.calls is not None:
+                # The chunk goes out even when a call holds all its text: its tokens
+                # (and their log-probabilities) are the answer's, and it shows progress.
+                text, calls = job.calls.feed(text)
+            job.count = count
             self.send_threadsafe(job.identity, Chunk(request.request_id, text, count,
-                                                     self.counters.served + ahead + 1, state,
-                                                     job.fingerprint, tuple(ids),
+                                                     served_if_ok(), state, job.fingerprint,
+                                                     tuple(ids), tool_calls=calls,
                                                      logprobs=tuple(logprobs)))
 
         def done(work: Work, result: DecodeResult | None, error: BaseException | None) -> None:
+            if result is not None and job.calls is not None:
+                # What the splitter still holds (a partial marker, an unclosed call) goes
+                # out before the Final, which reports the calls' finish_reason.
+                text, calls = job.calls.close()
+                if text or calls:
+                    self.send_threadsafe(job.identity, Chunk(
+                        request.request_id, text, job.count, served_if_ok(),
+                        result.speculation.state, job.fingerprint, tool_calls=calls))
             loop.call_soon_threadsafe(self.finished, job, work, result, error)
 
         def started(work: Work) -> None:
@@ -322,6 +346,9 @@ class SeatWorker:
                  "limit": limit}), len(prompt))
         if not prompt:
             raise Refusal(Rejected(400, "empty_prompt", "the prompt is empty"))
+        if loaded.tools is not None:  # tools_json read: the template took it
+            job.calls = splitter_for(loaded.tools, request.tools_json, request.tool_choice,
+                                     request.request_id, request.parallel_tool_calls)
         if request.prefix is not None or request.prefix_ids is not None:
             # A continued answer: the answer so far follows the prompt, and its answer
             # positions start after it (the engine reads `prefix_ids`).
@@ -403,6 +430,9 @@ class SeatWorker:
         if self.engine is not None:
             c.batch(self.engine.drain_sizes(), len(self.running), len(self.waiting),
                     self.engine.kv_bytes)
+        if job.calls is not None:
+            c.inc("tool_calls", job.calls.made)
+            c.inc("tool_parse_failures", job.calls.failures)
         match outcome:
             case Ok():
                 assert result is not None
@@ -433,7 +463,8 @@ class SeatWorker:
             return self.final(job, outcome, usage=Usage(prompt_tokens=n_prompt))
         return self.final(
             job, outcome,
-            finish_reason=result.finish_reason,
+            finish_reason=tool_finish(result.finish_reason,
+                                      job.calls.made if job.calls is not None else 0),
             usage=Usage(result.prompt_tokens, result.completion_tokens, result.cached_tokens),
             speculation=result.speculation.state,
             ttft_s=ttft,

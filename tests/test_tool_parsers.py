@@ -4,6 +4,7 @@ chunks, a call that does not parse sent on as the text it was."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from pathlib import Path
@@ -19,7 +20,9 @@ from seatd.tool_calls import (
     family_named,
     seat_family,
     splitter_for,
+    tool_finish,
 )
+from shared import protocol
 from shared.builtin import resolve_model
 from shared.prompt import load_tokenizer
 
@@ -208,3 +211,110 @@ def test_a_seat_with_a_parser_uses_its_family() -> None:
         family = seat_family(wrapped)
         assert (family.start, family.end, family.end_optional) == ("<tool_call>", end, optional)
         assert family.parse is qwen3_coder.parse_tool_call
+
+
+@pytest.mark.parametrize(("finish", "calls", "want"), [
+    ("stop", 1, "tool_calls"),
+    ("stop", 0, "stop"),
+    ("length", 2, "length"),  # cut short: the client must not take it as complete
+    ("length", 0, "length"),
+])
+def test_finish_reason(finish: str, calls: int, want: str) -> None:
+    assert tool_finish(finish, calls) == want
+
+
+# -- through the seat worker (in process: its socket replaced by a recorder) ----------
+
+CALL = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>'
+# Characters the call's text does not hold, one of which the demo's Python soon writes.
+STOPS = (*(c for c in "()[]=#.;+-*'0123456789\t" if c not in CALL), "def")
+
+
+class Recorder:
+    """The worker's ROUTER socket, keeping the frames it is given."""
+
+    def __init__(self) -> None:
+        self.frames: list[Any] = []
+        self.final = asyncio.Event()
+
+    def send_multipart(self, parts: list[bytes]) -> None:
+        frame = protocol.reply_decoder.decode(parts[1])
+        self.frames.append(frame)
+        if isinstance(frame, protocol.Final):
+            self.final.set()
+
+
+def answer(tmp_path: Path, requests: list[protocol.Generate]) -> list[list[Any]]:
+    """Each request's frames from a real seat worker (the demo model), one at a time."""
+    from seatd.worker import SeatWorker
+    from shared.config import parse_config
+
+    config = parse_config(
+        f'[seatd]\nstate_dir = "{tmp_path}"\n[[seat]]\nname = "demo"\n'
+        'model = "builtin:demo"\nkv = "fp16"\nmax_prompt_tokens = 1536\n'
+        '[[route]]\nmodel = "demo"\nladder = ["demo"]\n')
+    worker = SeatWorker(config, config.seat_by_name("demo"))
+    out: list[list[Any]] = []
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        worker.loop = loop
+        worker.loaded = await loop.run_in_executor(worker.mlx, worker.load)
+        engine = worker.loaded.engine
+        assert engine is not None
+        server = loop.run_in_executor(worker.mlx, engine.run)
+        try:
+            for request in requests:
+                sock = Recorder()
+                worker.sock = sock  # type: ignore[assignment]
+                worker.handle(b"peer", request)
+                await sock.final.wait()
+                out.append(sock.frames)
+        finally:
+            engine.stop()
+            await server
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        worker.mlx.shutdown(wait=True)
+    out.append([worker.counters.snapshot()])
+    return out
+
+
+def test_the_worker_sends_a_call_as_tool_calls(tmp_path: Path) -> None:
+    """An answer that holds a call (here: a continued answer whose tokens so far are the
+    call, which the client does not have yet): the call's text never reaches the client,
+    the call does, the Final says tool_calls, the seat counts it; without tools (or with
+    tool_choice none) the same answer is text."""
+    tok = load_tokenizer(resolve_model("builtin:demo"))
+    ids = tuple(tok.encode(CALL, add_special_tokens=False))
+    params = protocol.SamplingParams(temperature=0.0, max_tokens=len(ids) + 64, stop=STOPS)
+    messages = (protocol.ChatMessage("user", "What time is it in UTC?"),)
+
+    def gen(rid: str, **kw: Any) -> protocol.Generate:
+        return protocol.Generate(rid, True, params, messages=messages, prefix="",
+                                 prefix_ids=ids, **kw)
+
+    with_tools, refused, without, counters = answer(tmp_path, [
+        gen("t1", tools_json=json.dumps(TOOLS)),
+        gen("t2", tools_json=json.dumps(TOOLS), tool_choice="none"),
+        gen("t3"),
+    ])
+    chunks = [f for f in with_tools if isinstance(f, protocol.Chunk)]
+    final = with_tools[-1]
+    assert isinstance(final, protocol.Final) and isinstance(final.outcome, protocol.Ok)
+    assert final.finish_reason == "tool_calls"
+    calls = [c for ch in chunks for c in ch.tool_calls]
+    assert [(c.index, c.id, c.name, json.loads(c.arguments)) for c in calls] == \
+        [(0, call_id("t1", 0), "get_time", {"timezone": "UTC"})]
+    text = "".join(ch.text for ch in chunks)
+    assert "<tool_call>" not in text
+    # tool_choice none: the same prompt (the tools are listed), the same answer, as text
+    got = "".join(f.text for f in refused if isinstance(f, protocol.Chunk))
+    assert (got, refused[-1].finish_reason) == (CALL + text, "stop")
+    got = "".join(f.text for f in without if isinstance(f, protocol.Chunk))
+    assert got.startswith(CALL) and without[-1].finish_reason != "tool_calls"
+    for plain in (refused, without):
+        assert not any(f.tool_calls for f in plain if isinstance(f, protocol.Chunk))
+    assert (counters[0]["tool_calls"], counters[0]["tool_parse_failures"]) == (1, 0)
