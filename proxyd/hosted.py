@@ -42,6 +42,17 @@ as the prompt's tail (completions), with what is left of `max_tokens`.  An upstr
 that refuses a trailing assistant message answers 400, which the ladder takes as
 this rung declining to continue, not as the answer's failure.
 
+What is forwarded (tools, tool_choice, tool messages, response_format, penalties,
+seed, logprobs; top_k, min_p and repetition_penalty where the seat's
+`upstream_fields` lists them) is proxyd/hosted_wire.py's; a request with a field
+this rung cannot honour (`ladder.unsupported`: logit_bias, or an extra sampling
+field its upstream does not take) is never sent: the ladder skips the rung, and
+asked anyway the rung ends the attempt `failed:unsupported_field` without a byte
+on the wire.  Tool calls are read from the stream's deltas and passed on whole in
+a `Chunk.tool_calls` once each is complete (the upstream's finish_reason, e.g.
+`tool_calls`, ends the answer); log-probabilities ride in `Chunk.logprobs` with
+the text they belong to.
+
 A half-open circuit's probe is one try (`frames(..., tries=1)`).
 
 A stream that ends after its finish_reason is complete, with or without
@@ -65,13 +76,16 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import msgspec
 import structlog
 
+from proxyd import hosted_wire as wire
 from proxyd import sse
+from proxyd.ladder import UNSUPPORTED, unsupported
 from proxyd.retry import GiveUp, RetryIn, RetryPolicy, next_try, parse_retry_after
 from shared.config import SeatConfig
 from shared.errors import CONTEXT_LENGTH
@@ -85,6 +99,8 @@ from shared.protocol import (
     Rejected,
     Retry,
     RungFrame,
+    TokenLogprob,
+    ToolCall,
     TryEnd,
     Usage,
 )
@@ -106,6 +122,19 @@ LINE_MAX = 1 << 20
 # upstream when it came after this long (or half the first-token budget, if less):
 # such an upstream is not asked again.
 SILENT_CLOSE_S = 2.0
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What to read from the upstream's answer besides text."""
+
+    chat: bool
+    tools: bool  # the request gave tools: read tool-call deltas
+    logprobs: bool  # it asked for log-probabilities
+
+    @property
+    def extras(self) -> bool:
+        return self.tools or self.logprobs
 
 
 class HostedClient:
@@ -137,31 +166,6 @@ class HostedClient:
             text = text.replace(self._key, "[redacted]")
         return text[:MESSAGE_MAX]
 
-    def _body(self, gen: Generate) -> tuple[str, dict[str, Any]]:
-        p = gen.params
-        body: dict[str, Any] = {
-            "model": self.seat.upstream_model or self.seat.name,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "temperature": p.temperature,
-            "top_p": p.top_p,
-            "max_tokens": p.max_tokens,
-        }
-        if p.stop:
-            body["stop"] = list(p.stop)
-        if p.seed is not None:
-            body["seed"] = p.seed
-        if gen.messages is not None:
-            body["messages"] = [msgspec.structs.asdict(m) for m in gen.messages]
-            for m in body["messages"]:
-                if m.get("name") is None:
-                    m.pop("name", None)
-            if gen.prefix:  # continue the answer another rung began
-                body["messages"].append({"role": "assistant", "content": gen.prefix})
-            return "/chat/completions", body
-        body["prompt"] = (gen.prompt or "") + (gen.prefix or "")
-        return "/completions", body
-
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
@@ -182,10 +186,17 @@ class HostedClient:
         (`gone()`) is never tried for again: the attempt ends `client_disconnected`.
         `tries` caps the tries below the rung's own `max_attempts` (a probe: 1)."""
         rid = gen.request_id
+        field = unsupported(gen, self.seat)
+        if field is not None:  # never answered without it (the ladder skips us first)
+            yield Final(rid, Failed(UNSUPPORTED, f"{field}: seat {self.name}'s upstream "
+                                    f"cannot honour {field}"), self.name, self.served, 0)
+            return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.seat.total_timeout_s
-        path, body = self._body(gen)
-        chat = gen.messages is not None
+        path, body = wire.request_body(gen, self.seat)
+        payload = msgspec.json.encode(body)
+        read = Reading(gen.messages is not None, gen.tools_json is not None,
+                       gen.params.logprobs is not None)
         policy = self.policy
         if tries is not None and tries < policy.max_attempts:
             policy = RetryPolicy(tries, policy.backoff_initial_s, policy.backoff_max_s,
@@ -199,7 +210,7 @@ class HostedClient:
             attempt += 1
             end: TryEnd | None = None
             sent = 0
-            async with aclosing(self._try(rid, path, body, chat, first_token_s, stall_s,
+            async with aclosing(self._try(rid, path, payload, read, first_token_s, stall_s,
                                           deadline)) as one_try:
                 async for item in one_try:
                     if isinstance(item, TryEnd):
@@ -234,7 +245,7 @@ class HostedClient:
 
     # -- one try ----------------------------------------------------------------
 
-    async def _try(self, rid: str, path: str, body: dict[str, Any], chat: bool,
+    async def _try(self, rid: str, path: str, payload: bytes, read: Reading,
                    first_token_s: float, stall_s: float,
                    deadline: float) -> AsyncGenerator[Chunk | TryEnd, None]:
         loop = asyncio.get_running_loop()
@@ -246,7 +257,7 @@ class HostedClient:
 
         try:
             async with asyncio.timeout_at(first_by):
-                resp = await self.session().post(self.base_url + path, json=body,
+                resp = await self.session().post(self.base_url + path, data=payload,
                                                  headers=self._headers())
         except aiohttp.ConnectionTimeoutError:
             yield TryEnd(Failed("connect_timeout",
@@ -278,11 +289,11 @@ class HostedClient:
                 clean = True
                 return
             if resp.content_type == "application/json":
-                async for item in self._whole(rid, resp, chat, first_by):
+                async for item in self._whole(rid, resp, read, first_by):
                     yield item
                 clean = True
                 return
-            async for item in self._stream(rid, resp, chat, first_by, stall_s, deadline):
+            async for item in self._stream(rid, resp, read, first_by, stall_s, deadline):
                 yield item
             clean = resp.content.at_eof()
         finally:
@@ -292,13 +303,16 @@ class HostedClient:
             else:
                 resp.close()
 
-    async def _stream(self, rid: str, resp: aiohttp.ClientResponse, chat: bool,
+    async def _stream(self, rid: str, resp: aiohttp.ClientResponse, read: Reading,
                       first_by: float, stall_s: float,
                       deadline: float) -> AsyncGenerator[Chunk | TryEnd, None]:
         """The upstream's events, read as they arrive: whatever one read brings (often
         many events) becomes one Chunk of their texts, as a proxy that does not buffer
-        passes on what it read, so a burst costs one write downstream, not one each."""
+        passes on what it read, so a burst costs one write downstream, not one each.
+        The tool calls completed and the log-probabilities of those events ride in it."""
         loop = asyncio.get_running_loop()
+        chat = read.chat
+        calls = wire.ToolCallAssembler(rid)
         decoder = sse.Decoder()
         produced = 0
         finish: str | None = None
@@ -348,10 +362,20 @@ class HostedClient:
                     events.append(last)
                 ended = True
             texts: list[str] = []
+            done: list[ToolCall] = []
+            logprobs: list[TokenLogprob] = []
             failure: TryEnd | None = None
             for event in events:
                 try:
                     got = sse.piece(event, chat)
+                    more = (wire.extras(event.data, chat)
+                            if read.extras and not got.done and got.error is None
+                            else wire.NONE)
+                    if more.tool_deltas:
+                        produced += 1
+                        done += calls.feed(more.tool_deltas)
+                    if got.finish_reason or got.done:
+                        done += calls.finish()  # the choice ended: every call is whole
                 except sse.Malformed as exc:
                     failure = TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
                     break
@@ -362,6 +386,7 @@ class HostedClient:
                 model = got.model or model
                 fingerprint = got.fingerprint or fingerprint
                 usage = got.usage or usage
+                logprobs += more.logprobs
                 if got.text:
                     produced += 1
                     texts.append(got.text)
@@ -375,8 +400,9 @@ class HostedClient:
                 if finish is not None and usage is not None:
                     ended = True  # all that [DONE] could add; do not wait for it
                     break
-            if texts:  # text that arrived before a fault is still the client's
-                yield Chunk(rid, "".join(texts), produced, self.served + 1)
+            if texts or done or logprobs:  # what arrived before a fault is the client's
+                yield Chunk(rid, "".join(texts), produced, self.served + 1,
+                            tool_calls=tuple(done), logprobs=tuple(logprobs))
             if failure is not None:
                 yield failure
                 return
@@ -389,9 +415,11 @@ class HostedClient:
         yield TryEnd(Ok(), finish_reason=finish, usage=usage, model=model,
                      fingerprint=fingerprint)
 
-    async def _whole(self, rid: str, resp: aiohttp.ClientResponse, chat: bool,
+    async def _whole(self, rid: str, resp: aiohttp.ClientResponse, read: Reading,
                      first_by: float) -> AsyncIterator[Chunk | TryEnd]:
-        """An upstream that ignored `stream: true` and sent one JSON body."""
+        """An upstream that ignored `stream: true` and sent one JSON body: its text,
+        its message's tool calls and its log-probabilities, in one Chunk."""
+        chat = read.chat
         try:
             async with asyncio.timeout_at(first_by):
                 text = await resp.text()
@@ -403,14 +431,18 @@ class HostedClient:
             return
         try:
             got = sse.piece(sse.Event(text), chat)
+            more = wire.whole_extras(text, chat) if read.extras else wire.NONE
+            assembler = wire.ToolCallAssembler(rid)
+            calls = assembler.feed(more.tool_deltas) + assembler.finish()
         except sse.Malformed as exc:
             yield TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
             return
         if got.error is not None or got.finish_reason is None:
             yield TryEnd(Failed("malformed_stream", "a JSON body without a finished choice"))
             return
-        if got.text:
-            yield Chunk(rid, got.text, 1, self.served + 1)
+        if got.text or calls or more.logprobs:
+            yield Chunk(rid, got.text, 1, self.served + 1, tool_calls=tuple(calls),
+                        logprobs=more.logprobs)
         usage = got.usage or Usage(0, 1 if got.text else 0)
         yield TryEnd(Ok(), finish_reason=got.finish_reason, usage=usage, model=got.model or "",
                       fingerprint=got.fingerprint or "")
