@@ -125,6 +125,10 @@ def test_json_object_lets_objects_through(seat: SeatGrammar, tok: TokenizerWrapp
     ('{"a" 1}', 5),  # the blank is fine, the missing colon is not
     ('{"a": 1} x', 8),  # nothing after the object but EOS
     ("{'a': 1}", 1),
+    ('{  "a": 1}', 2),  # blanks: one space, or a line break and an indent
+    ('{\n' + '\t' * 7 + '"a": 1}', 8),
+    ('{\n' + ' ' * 25 + '"a": 1}', 26),
+    ('{\n\n"a": 1}', 2),
 ])
 def test_json_object_forbids_the_first_wrong_char(seat: SeatGrammar, tok: TokenizerWrapper,
                                                   text: str, bad: int) -> None:
