@@ -4,6 +4,7 @@
                        neighbours|all] ...
     sanctum bench report        docs/BENCHMARKS.md and plots from the stored results
     sanctum bench load          N concurrent clients against `sanctum up`
+    sanctum bench grammar       under a JSON schema vs free text, speculation on and off
 
 In-process MLX work must run on the same BLAS as the seat workers (seatd preloads
 OpenBLAS into them on Linux), or the comparison measures the BLAS.  `run`
@@ -168,3 +169,7 @@ def add_bench(sub: Any) -> None:
     load.add_argument("--url", default=None, help="an already running proxy (else one is started)")
     common(load)
     load.set_defaults(fn=cmd_load)
+
+    from sanctum.bench.grammar import add_parser as add_grammar
+
+    add_grammar(bsub, str(RESULTS))
