@@ -33,6 +33,7 @@ from seatd.batch import Engine, RowCancelled, Work
 from seatd.counters import SeatCounters
 from seatd.decode import PREFILL_CHUNK, DecodeResult, output_width
 from seatd.fingerprint import fingerprint, model_digest
+from seatd.grammar import GrammarError, GrammarRefusal, SeatGrammar
 from seatd.kv_budget import KVBudget, row_bytes
 from seatd.prompt_cache import SeatPromptCache
 from seatd.sampling import KEYED_RULE
@@ -100,6 +101,7 @@ class Job:
     # tools); used on the MLX thread only, read by `account` after the row ended.
     calls: ToolSplitter | None = None
     count: int = 0  # completion tokens of the last chunk
+    constrained: bool = False  # decoded under a grammar (response_format, a forced call)
 
 
 @dataclass
@@ -116,6 +118,7 @@ class Loaded:
     fingerprints: dict[str, str] = field(default_factory=dict)  # by KV lane
     engine: Engine | None = None
     tools: Family | None = None  # the tool-call syntax its model writes (seatd.tool_calls)
+    grammar: SeatGrammar | None = None  # constrained decoding (seatd.grammar)
 
 
 class SeatWorker:
@@ -268,7 +271,7 @@ class SeatWorker:
                         self.seat.max_batch, budget, self.progress)
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,
                       spec, cache, turn_marks(got.tokenizer), width, prints, engine,
-                      seat_family(got.tokenizer))
+                      seat_family(got.tokenizer), SeatGrammar(got.tokenizer, width))
 
     def progress(self) -> None:
         self.tokens_generated += 1  # the MLX thread's heartbeat of real work
@@ -366,6 +369,13 @@ class SeatWorker:
                      "limit": "context"}), len(prompt) + len(ids))
             work.request = request = msgspec.structs.replace(request, prefix_ids=tuple(ids))
             prompt = prompt + ids
+        if loaded.grammar is not None:
+            try:  # the matcher starts past a continued answer's tokens
+                work.grammar = loaded.grammar.for_request(request, request.prefix_ids or ())
+            except GrammarRefusal as exc:
+                raise Refusal(Rejected(400, exc.code, exc.message,
+                                       {"param": exc.param})) from exc
+            job.constrained = work.grammar is not None
         work.prompt = prompt
         work.fault = _faulty(request)
         work.reserve = row_bytes(loaded.prompt_cache.per_token(work.kv), len(prompt),
@@ -410,6 +420,10 @@ class SeatWorker:
                 outcome = Cancelled()
             case Refusal():
                 outcome, n_prompt = error.outcome, error.prompt_tokens
+            case GrammarError():  # llguidance stopped mid-answer: never go on unconstrained
+                log.error("grammar_failed", request_id=rid, seat=self.seat.name,
+                          error=str(error))
+                outcome = Failed("grammar_error", str(error) or type(error).__name__)
             case _:
                 log.error("generate_failed", request_id=rid, seat=self.seat.name,
                           error=repr(error))
@@ -430,6 +444,8 @@ class SeatWorker:
         if self.engine is not None:
             c.batch(self.engine.drain_sizes(), len(self.running), len(self.waiting),
                     self.engine.kv_bytes)
+        if job.constrained:
+            c.inc("constrained")
         if job.calls is not None:
             c.inc("tool_calls", job.calls.made)
             c.inc("tool_parse_failures", job.calls.failures)

@@ -244,17 +244,19 @@ class Recorder:
             self.final.set()
 
 
-def answer(tmp_path: Path, requests: list[protocol.Generate]) -> list[list[Any]]:
-    """Each request's frames from a real seat worker (the demo model), one at a time."""
+def answer(state: Path, requests: list[protocol.Generate]
+           ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """Each request's frames from a real seat worker (the demo model), one request at a
+    time, and the seat's counters after them."""
     from seatd.worker import SeatWorker
     from shared.config import parse_config
 
     config = parse_config(
-        f'[seatd]\nstate_dir = "{tmp_path}"\n[[seat]]\nname = "demo"\n'
+        f'[seatd]\nstate_dir = "{state}"\n[[seat]]\nname = "demo"\n'
         'model = "builtin:demo"\nkv = "fp16"\nmax_prompt_tokens = 1536\n'
         '[[route]]\nmodel = "demo"\nladder = ["demo"]\n')
     worker = SeatWorker(config, config.seat_by_name("demo"))
-    out: list[list[Any]] = []
+    out: dict[str, list[Any]] = {}
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
@@ -269,7 +271,7 @@ def answer(tmp_path: Path, requests: list[protocol.Generate]) -> list[list[Any]]
                 worker.sock = sock  # type: ignore[assignment]
                 worker.handle(b"peer", request)
                 await sock.final.wait()
-                out.append(sock.frames)
+                out[request.request_id] = sock.frames
         finally:
             engine.stop()
             await server
@@ -278,43 +280,92 @@ def answer(tmp_path: Path, requests: list[protocol.Generate]) -> list[list[Any]]
         asyncio.run(scenario())
     finally:
         worker.mlx.shutdown(wait=True)
-    out.append([worker.counters.snapshot()])
-    return out
+    return out, worker.counters.snapshot()
 
 
-def test_the_worker_sends_a_call_as_tool_calls(tmp_path: Path) -> None:
-    """An answer that holds a call (here: a continued answer whose tokens so far are the
-    call, which the client does not have yet): the call's text never reaches the client,
-    the call does, the Final says tool_calls, the seat counts it; without tools (or with
-    tool_choice none) the same answer is text."""
+def chunks(frames: list[Any]) -> list[protocol.Chunk]:
+    return [f for f in frames if isinstance(f, protocol.Chunk)]
+
+
+def sent(frames: list[Any]) -> str:
+    return "".join(c.text for c in chunks(frames))
+
+
+REQUIRED = protocol.SamplingParams(temperature=0.7, seed=7, max_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def seat(tmp_path_factory: pytest.TempPathFactory
+         ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """One worker's answers to the requests the tests below read."""
     tok = load_tokenizer(resolve_model("builtin:demo"))
     ids = tuple(tok.encode(CALL, add_special_tokens=False))
     params = protocol.SamplingParams(temperature=0.0, max_tokens=len(ids) + 64, stop=STOPS)
     messages = (protocol.ChatMessage("user", "What time is it in UTC?"),)
+    both, one = json.dumps(TOOLS), json.dumps(TOOLS[1:])  # one: a shorter prompt
 
-    def gen(rid: str, **kw: Any) -> protocol.Generate:
+    def continued(rid: str, **kw: Any) -> protocol.Generate:
         return protocol.Generate(rid, True, params, messages=messages, prefix="",
                                  prefix_ids=ids, **kw)
 
-    with_tools, refused, without, counters = answer(tmp_path, [
-        gen("t1", tools_json=json.dumps(TOOLS)),
-        gen("t2", tools_json=json.dumps(TOOLS), tool_choice="none"),
-        gen("t3"),
+    def fresh(rid: str, tools: str, **kw: Any) -> protocol.Generate:
+        return protocol.Generate(rid, False, REQUIRED, messages=messages, tools_json=tools,
+                                 **kw)
+
+    return answer(tmp_path_factory.mktemp("state"), [
+        continued("t1", tools_json=one),
+        continued("t2", tools_json=one, tool_choice="none"),
+        continued("t3"),
+        fresh("r1", both, tool_choice="required", parallel_tool_calls=False),
+        fresh("r2", one, tool_choice="function:get_time", parallel_tool_calls=False),
+        fresh("r3", one, tool_choice="function:rm_rf"),
     ])
-    chunks = [f for f in with_tools if isinstance(f, protocol.Chunk)]
-    final = with_tools[-1]
+
+
+def test_the_worker_sends_a_call_as_tool_calls(seat: Any) -> None:
+    """An answer that holds a call (here: a continued answer whose tokens so far are the
+    call, which the client does not have yet): the call's text never reaches the client,
+    the call does, the Final says tool_calls; without tools (or with tool_choice none)
+    the same answer is text."""
+    frames, _ = seat
+    final = frames["t1"][-1]
     assert isinstance(final, protocol.Final) and isinstance(final.outcome, protocol.Ok)
     assert final.finish_reason == "tool_calls"
-    calls = [c for ch in chunks for c in ch.tool_calls]
+    calls = [c for ch in chunks(frames["t1"]) for c in ch.tool_calls]
     assert [(c.index, c.id, c.name, json.loads(c.arguments)) for c in calls] == \
         [(0, call_id("t1", 0), "get_time", {"timezone": "UTC"})]
-    text = "".join(ch.text for ch in chunks)
+    text = sent(frames["t1"])
     assert "<tool_call>" not in text
     # tool_choice none: the same prompt (the tools are listed), the same answer, as text
-    got = "".join(f.text for f in refused if isinstance(f, protocol.Chunk))
-    assert (got, refused[-1].finish_reason) == (CALL + text, "stop")
-    got = "".join(f.text for f in without if isinstance(f, protocol.Chunk))
-    assert got.startswith(CALL) and without[-1].finish_reason != "tool_calls"
-    for plain in (refused, without):
-        assert not any(f.tool_calls for f in plain if isinstance(f, protocol.Chunk))
-    assert (counters[0]["tool_calls"], counters[0]["tool_parse_failures"]) == (1, 0)
+    assert (sent(frames["t2"]), frames["t2"][-1].finish_reason) == (CALL + text, "stop")
+    assert sent(frames["t3"]).startswith(CALL)
+    assert frames["t3"][-1].finish_reason != "tool_calls"
+    for rid in ("t2", "t3"):
+        assert not any(c.tool_calls for c in chunks(frames[rid]))
+
+
+def test_a_forced_call_is_constrained_and_parsed(seat: Any) -> None:
+    """tool_choice required or a named function: the seat's grammar makes the demo model,
+    which never learned a tool syntax, write one call that parses; no text around it."""
+    frames, _ = seat
+    for rid, names in (("r1", {"get_weather", "get_time"}), ("r2", {"get_time"})):
+        final = frames[rid][-1]
+        assert isinstance(final.outcome, protocol.Ok), final
+        calls = [c for ch in chunks(frames[rid]) for c in ch.tool_calls]
+        assert final.finish_reason == "tool_calls", (rid, sent(frames[rid]), calls)
+        assert len(calls) == 1 and calls[0].name in names and sent(frames[rid]) == ""
+        assert isinstance(json.loads(calls[0].arguments), dict)
+
+
+def test_a_grammar_refusal_is_a_400_naming_its_parameter(seat: Any) -> None:
+    frames, _ = seat
+    final = frames["r3"][-1]
+    assert isinstance(final.outcome, protocol.Rejected)
+    assert (final.outcome.status, final.outcome.code, final.outcome.extra) == \
+        (400, "invalid_value", {"param": "tool_choice"})
+
+
+def test_the_seat_counts_calls_and_constrained_requests(seat: Any) -> None:
+    _, counters = seat
+    assert (counters["tool_calls"], counters["tool_parse_failures"]) == (3, 0)
+    assert counters["constrained"] == 2
