@@ -114,7 +114,7 @@ EXAMPLE = Path(__file__).parent.parent / "deploy" / "example.toml"
 # Options of one seat kind only (the rest apply to both).
 HOSTED_ONLY = {"base_url", "api_key_env", "upstream_model", "offbox", "connect_timeout_s",
                "total_timeout_s", "max_attempts", "backoff_initial_s", "backoff_max_s",
-               "retry_after_max_s"}
+               "retry_after_max_s", "upstream_fields"}
 LOCAL_ONLY = {"model", "drafter", "kv", "compute_dtype", "speculation", "draft_depth",
               "memory_budget_mb", "prompt_cache_mb", "max_batch", "kv_budget_mb",
               "max_queued", "queue_timeout_s", "trust_remote_code", "endpoint", "remote",
