@@ -76,6 +76,7 @@ def test_arm_sends_and_checks(upstream: FakeUpstream) -> None:
     assert first["seed"] == second["seed"] == 2  # the first request of a workload: 1 + 1
     assert schema_figs["json"] == schema_figs["valid"] == 1.0
     assert "json" not in free_figs
+    assert schema_figs["answer_crc"] == free_figs["answer_crc"]  # the fake's one answer
 
 
 TPS = {G.SCHEMA_SPEC: 30.0, G.SCHEMA_PLAIN: 18.0, G.FREE_SPEC: 40.0, G.FREE_PLAIN: 20.0}
@@ -90,7 +91,9 @@ def _run(schema_json: float = 1.0, error: str | None = None) -> Run:
         def measure(w: str) -> dict[str, float]:
             if error and name in (G.SCHEMA_SPEC, G.SCHEMA_PLAIN):
                 raise RuntimeError(error)
-            figs = {"decode_tps": TPS[name], "accept_len": 2.0 if "spec" in name else 0.0}
+            figs = {"decode_tps": TPS[name], "accept_len": 2.0 if "spec" in name else 0.0,
+                    "answer_crc": 1.0 if name.startswith("schema") else float(len(name)),
+                    "accelerated": 1.0 if "spec" in name else 0.0}
             if name.startswith("schema"):
                 figs |= {"json": schema_json, "valid": schema_json}
             return figs
@@ -121,6 +124,10 @@ def test_table_and_summary() -> None:
     assert row == f"| {G.SCHEMA_SPEC} | 30 | 2.00 | 4 of 4 | 4 of 4 |"
     free = next(line for line in lines if line.startswith(f"| {G.FREE_PLAIN} |"))
     assert free == f"| {G.FREE_PLAIN} | 20 | 0.00 | - | - |"
+    assert (f"- {G.SCHEMA_SPEC}: 4 of 4 answers accelerated; the same answer as "
+            f"{G.SCHEMA_PLAIN} (same seed) in 4 of 4 pairs") in lines
+    assert any(line.startswith(f"- {G.FREE_SPEC}:") and "in 0 of 4 pairs" in line
+               for line in lines)
 
 
 @pytest.mark.parametrize(("schema_json", "error", "why"), [

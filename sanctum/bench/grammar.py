@@ -11,7 +11,8 @@ Arms (all through `sanctum up`, the demo pair, the same seat, the same prompt):
 Headline ratios (per pair, `sanctum.bench.stats`): schema over free at each speculation
 setting (what the grammar costs a seat), spec over plain under the schema (whether
 speculation still pays under a grammar) and without it.  Each schema answer is checked:
-`json` (it parses) and `valid` (it validates, when the `jsonschema` package is there).
+`json` (it parses) and `valid` (it validates, when the `jsonschema` package is there);
+every answer's checksum shows whether spec and plain answered the same (same seed).
 
 Before the A/B, the grammar's own cost is measured in this process with the seat's
 tokenizer (`mask_cost`): mask plus consume per token along a valid answer, median and
@@ -24,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +134,7 @@ class GrammarArm(A.SeatSpecArm):
 
     def __call__(self, name: str) -> dict[str, float]:
         figures = super().__call__(name)
+        figures["answer_crc"] = float(zlib.crc32(self.last_text.encode()))
         if self.constrained:
             figures |= answer_figures(self.last_text, BENCH_SCHEMA)
         return figures
@@ -286,9 +289,16 @@ def table(run: Run) -> list[str]:
 def summary_lines(run: Run) -> list[str]:
     if run.not_measurable:
         return [f"not measurable: {run.not_measurable}"]
+    from sanctum.bench.rules import same_answers
+
     lines = [f"## {run.title}", "", *table(run), ""]
     for what, s in headline(run):
         lines.append(f"- {what}: {s.median:.3f}x [{s.lo:.3f}-{s.hi:.3f}], {s.n} pairs")
+    for arm, other in ((SCHEMA_SPEC, SCHEMA_PLAIN), (FREE_SPEC, FREE_PLAIN)):
+        same, pairs = same_answers(run.samples, arm, other)
+        accelerated = figure_values(run.samples, "accelerated", arm)
+        lines.append(f"- {arm}: {_share(accelerated)} answers accelerated; the same answer "
+                     f"as {other} (same seed) in {same} of {pairs} pairs")
     return [*lines, "", *(f"- {n}" for n in run.notes)]
 
 
