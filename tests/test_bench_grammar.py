@@ -108,7 +108,7 @@ def _run(schema_json: float = 1.0, error: str | None = None) -> Run:
 def test_headline_ratios() -> None:
     """Per temperature: schema over free at each speculation setting, spec over plain
     with and without the schema, each a per-pair ratio of decode tokens/s."""
-    got = {what: (s.median, s.n) for what, s in G.headline(_run())}
+    got = {what: (s.median, s.n) for what, s, _ in G.headline(_run())}
     assert got["decode tokens/s, schema over free, speculation on, t=0"] == (0.75, 2)
     assert got["decode tokens/s, schema over free, speculation off, t=0.7"] == (0.9, 2)
     assert got["decode tokens/s, spec over plain, under the schema, t=0"] == (30 / 18, 2)

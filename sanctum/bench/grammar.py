@@ -246,10 +246,10 @@ def not_constrained(samples: list[Sample]) -> str | None:
 # -- what the run says (printed by the command; report.py may call these) -------------
 
 
-def headline(run: Run) -> list[tuple[str, Summary]]:
+def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
     """Per temperature: schema over free at each speculation setting, and spec over
-    plain with and without the schema (decode tokens/s, per pair)."""
-    out: list[tuple[str, Summary]] = []
+    plain with and without the schema (decode tokens/s, per pair); no goals."""
+    out: list[tuple[str, Summary, float | None]] = []
     pairs = ((SCHEMA_SPEC, FREE_SPEC, "schema over free, speculation on"),
              (SCHEMA_PLAIN, FREE_PLAIN, "schema over free, speculation off"),
              (SCHEMA_SPEC, SCHEMA_PLAIN, "spec over plain, under the schema"),
@@ -260,7 +260,7 @@ def headline(run: Run) -> list[tuple[str, Summary]]:
             r = [x for w in run.workloads if w.endswith(f"t={t}")
                  for x in pair_ratios(run.samples, "decode_tps", arm, base, w)]
             if r:
-                out.append((f"decode tokens/s, {what}, t={t}", summarize(r)))
+                out.append((f"decode tokens/s, {what}, t={t}", summarize(r), None))
     return out
 
 
@@ -292,7 +292,7 @@ def summary_lines(run: Run) -> list[str]:
     from sanctum.bench.rules import same_answers
 
     lines = [f"## {run.title}", "", *table(run), ""]
-    for what, s in headline(run):
+    for what, s, _ in headline(run):
         lines.append(f"- {what}: {s.median:.3f}x [{s.lo:.3f}-{s.hi:.3f}], {s.n} pairs")
     for arm, other in ((SCHEMA_SPEC, SCHEMA_PLAIN), (FREE_SPEC, FREE_PLAIN)):
         same, pairs = same_answers(run.samples, arm, other)
