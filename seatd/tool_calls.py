@@ -26,6 +26,9 @@ gets), piece by piece:
                            in the text), else sent on as text and counted a failure
     a call after the       dropped, neither a call nor text, when the request says
       first                 parallel_tool_calls false: the client asked for one call
+    blanks after a call    held: sent with the text that follows them, dropped when
+                           another call or the end follows (the newline between two
+                           calls is the syntax's, not content for the client)
 
 The markers are matched on text, not on token ids, by mlx-lm's own TextStateMachine,
 so a marker split across tokens (or across chunks) is still found.  Call ids are
@@ -171,6 +174,8 @@ class ToolSplitter:
         self.made = 0  # calls parsed (and kept)
         self.failures = 0  # call texts that did not parse, sent on as text
         self.dropped = 0  # calls past the first when parallel_tool_calls is false
+        self.after = False  # a call was the last thing parsed
+        self.gap = ""  # blanks since that call: dropped between calls and at the end
         self.closed = False
 
     def feed(self, text: str) -> Split:
@@ -186,15 +191,20 @@ class ToolSplitter:
         self.state, rest, where = TextStateMachine.flush(self.state)
         out = self._take([(where, rest)])
         if not self.inside:
+            self.gap = ""  # blanks after the last call
             return out
         self.inside = False
         if self.family.end_optional:
             end = self._call(self.held, closed=False)
         else:
             self.failures += 1
-            end = Split(self.family.start + self.held)
+            end = Split(self._unsent() + self.family.start + self.held)
         self.held = ""
         return Split(out.text + end.text, out.calls + end.calls)
+
+    def _unsent(self) -> str:
+        gap, self.gap, self.after = self.gap, "", False
+        return gap
 
     def _take(self, segments: Sequence[tuple[str | None, str]]) -> Split:
         texts: list[str] = []
@@ -211,16 +221,22 @@ class ToolSplitter:
                 self.held = ""
                 texts.append(got.text)
                 calls.extend(got.calls)
-            texts.append(piece)
+            if self.after and not piece.strip():
+                self.gap += piece  # blanks after a call: text only if text follows
+            else:
+                texts.append(self._unsent() + piece)
         return Split("".join(texts), tuple(calls))
 
     def _call(self, inner: str, closed: bool) -> Split:
-        """A call's text between its markers: its calls, or the text it was."""
+        """A call's text between its markers: its calls, or the text it was (with the
+        blanks before it, held since the call before)."""
         try:
             found = calls_of(self.family.parse(inner, self.tools), self.names)
         except Exception:  # mlx-lm's parsers raise what they meet (ValueError, ...)
             self.failures += 1
-            return Split(self.family.start + inner + (self.family.end if closed else ""))
+            end = self.family.end if closed else ""
+            return Split(self._unsent() + self.family.start + inner + end)
+        self.gap, self.after = "", True
         calls = []
         for name, arguments in found:
             if not self.parallel and self.made >= 1:

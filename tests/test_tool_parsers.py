@@ -128,6 +128,23 @@ def test_a_malformed_call_beside_a_good_one() -> None:
     assert (splitter.made, splitter.failures) == (1, 1)
 
 
+GOOD = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>'
+BAD = '<tool_call>\n{"name": "get_time", "arguments": }\n</tool_call>'
+
+
+@pytest.mark.parametrize(("text", "want", "calls"), [
+    (GOOD + "\n" + GOOD + "\n\n", "", 2),  # the syntax's newlines are no content
+    (GOOD + "\n \nDone.", "\n \nDone.", 1),  # blanks before text are the text's
+    ("Hi\n" + GOOD, "Hi\n", 1),  # blanks before a first call are text
+    (GOOD + "\n" + BAD, "\n" + BAD, 1),  # a call that is text keeps the blanks before it
+    (GOOD + "\n" + GOOD[:30], "\n" + GOOD[:30], 1),  # so does an unclosed one
+])
+def test_blanks_between_calls(text: str, want: str, calls: int) -> None:
+    for pieces in cuts(text):
+        sent, got, _ = run(family_named("json_tools"), pieces)
+        assert (sent, len(got)) == (want, calls), pieces
+
+
 def test_an_unclosed_call_is_parsed_where_the_end_marker_is_optional() -> None:
     """Mistral's calls run to the end of the answer; an end marker that is an EOS token
     never shows in the text, so a call ending the answer is complete."""
