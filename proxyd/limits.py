@@ -2,15 +2,15 @@
 
 A door decodes its body, then hands plain values here: the body's byte count, the
 number of messages, each text's length, the max_tokens asked, the stop list, the
-number of tools, a schema's encoded bytes.  Nothing here knows an API's shape, so
-every door (chat and completions today, others later) refuses the same things with
-the same words.  A check returns nothing, or raises one of:
+number of tools, a schema's encoded bytes, a logit_bias's entries.  Nothing here knows
+an API's shape, so every door (chat and completions today, others later) refuses the
+same things with the same words.  A check returns nothing, or raises one of:
 
     OverSize   (PayloadTooLarge, 413 payload_too_large)  the body, or one text
     OverLimit  (BadRequest, 400 invalid_request)         a count, a number, a schema
 
 Each names the field as `param` (`body`, `messages[3].content`, `max_tokens`,
-`stop[2]`, `tools[0].function.parameters`) and carries `limit` and `actual` (`actual`
+`stop[2]`, `tools[0].function.parameters`, `logit_bias`) and carries `limit` and `actual` (`actual`
 is None where it is unknown: a chunked or compressed body is refused as soon as it is
 past the limit, before its end).  The door counts each as `input_refused{field}`, the
 field with its indexes dropped (`field_name`).  They are subclasses only so that the
@@ -27,6 +27,7 @@ import msgspec
 
 from shared.config import ProxyConfig
 from shared.errors import BadRequest, PayloadTooLarge, SanctumError
+from shared.protocol import MAX_LOGIT_BIAS
 
 
 class OverLimit(BadRequest):
@@ -76,7 +77,8 @@ def check_messages(field: str, count: int, limits: ProxyConfig) -> None:
 
 
 def check_text(field: str, chars: int, limits: ProxyConfig) -> None:
-    """One message's text, or one prompt, in characters."""
+    """One message's text (a tool result's too), one tool call's arguments in an
+    assistant turn, or one prompt, in characters."""
     limit = limits.max_content_chars
     if chars > limit:
         raise OverSize(f"{field} has {chars} characters; the limit is {limit}",
@@ -113,6 +115,14 @@ def check_tools(field: str, count: int, limits: ProxyConfig) -> None:
     limit = limits.max_tools
     if count > limit:
         raise OverLimit(f"{field} holds {count} tools; the limit is {limit}",
+                        param=field, limit=limit, actual=count)
+
+
+def check_logit_bias(field: str, count: int, limit: int = MAX_LOGIT_BIAS) -> None:
+    """How many tokens a logit_bias names: the seat's bound (the protocol's), not a
+    config key (OpenAI's own limit, 300, is lower)."""
+    if count > limit:
+        raise OverLimit(f"{field} names {count} tokens; the limit is {limit}",
                         param=field, limit=limit, actual=count)
 
 

@@ -1,24 +1,44 @@
 """OpenAI request bodies, decoded and validated into typed Structs.
 
-Unknown fields are ignored, as OpenAI clients send many; a known field with a
-wrong type or an out-of-range value is a 400 that names the field (msgspec's path
-`$.messages[0].role` becomes `param` "messages[0].role"; a body that is not one JSON
-object is `param` "body").  The config's input limits (proxyd/limits.py) are applied
-here, after decoding: the body's own size was bounded before it was read.
+    read_chat(body, limits) -> Chat                 chat.generate(request_id) -> Generate
+    read_completion(body, limits) -> Completion     and its unknown fields, `ignored`
+
+What each top-level field is (honoured, accepted or refused) is proxyd/openai_fields.py's
+table; the unknown ones are found at no cost for a body that has none: it is decoded
+into a Struct that forbids unknown top-level fields, and only a body that fails that is
+decoded again leniently (the error it gets is then the lenient decode's) and its keys
+read once more as raw values.  Fields that need no decoding (accepted ones, and refused
+ones unless present) stay raw JSON.
+
+A known field with a wrong type or an out-of-range value is a 400 that names the field
+(msgspec's path `$.messages[0].role` becomes `param` "messages[0].role"; a body that
+is not one JSON object is `param` "body").  The config's input limits
+(proxyd/limits.py) are applied here, after decoding: the body's own size was bounded
+before it was read.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
 from proxyd import limits as lim
+from proxyd import openai_tools as tools
+from proxyd.openai_fields import ABSENT, ignored_fields, refuse_unsupported, sanitise
+from proxyd.openai_tools import CallId, MessageToolCall, ResponseFormat, Tool, ToolChoice
 from shared.config import ProxyConfig
 from shared.errors import BadRequest
-from shared.protocol import ChatMessage, SamplingParams
+from shared.protocol import (
+    MAX_REPETITION_PENALTY,
+    MAX_TOKEN_ID,
+    MAX_TOP_LOGPROBS,
+    ChatMessage,
+    Generate,
+    SamplingParams,
+)
 
 DEFAULT_MAX_TOKENS = 512
 
@@ -29,6 +49,14 @@ MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
 # to the seat (msgpack carries 64 bits).
 Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 TopK = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=MAX_REPETITION_PENALTY)]
+MinP = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+TopLogprobs = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+BIAS_LIMIT = 100.0  # OpenAI's range of a logit_bias value: -100..100
+
+# ---------------------------------------------------------------------------
+# The bodies
 
 
 class TextPart(msgspec.Struct, frozen=True):
@@ -40,6 +68,8 @@ class Message(msgspec.Struct, frozen=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant turn's calls
+    tool_call_id: CallId | None = None  # a tool result: the call it answers
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
@@ -67,28 +97,70 @@ class _Common(msgspec.Struct, frozen=True):
     temperature: Temperature | None = None
     top_p: TopP | None = None
     top_k: TopK | None = None
+    min_p: MinP | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    # token id (as a string) -> bias; checked here to name the key (`_logit_bias`)
+    logit_bias: dict[str, Any] | None = None
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
     stop: str | list[str] | None = None
     seed: Seed | None = None
-    n: int = 1
-    logprobs: bool | int | None = None
     sanctum: SanctumOptions | None = None
+    n: msgspec.Raw = ABSENT
+    user: msgspec.Raw = ABSENT
 
 
 class ChatRequest(_Common, frozen=True):
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)] = []
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs | None = None
     # Rendered by the model's chat template (and so counted against the cap).
-    tools: list[dict[str, Any]] | None = None
-    # Not acted on yet; decoded only so that its schema is held to max_schema_bytes.
-    response_format: dict[str, Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    safety_identifier: msgspec.Raw = ABSENT
+    metadata: msgspec.Raw = ABSENT
+    service_tier: msgspec.Raw = ABSENT
+    prompt_cache_key: msgspec.Raw = ABSENT
+    prompt_cache_retention: msgspec.Raw = ABSENT
+    prompt_cache_options: msgspec.Raw = ABSENT
+    prediction: msgspec.Raw = ABSENT
+    audio: msgspec.Raw = ABSENT
+    modalities: msgspec.Raw = ABSENT
+    web_search_options: msgspec.Raw = ABSENT
+    functions: msgspec.Raw = ABSENT
+    function_call: msgspec.Raw = ABSENT
+    store: msgspec.Raw = ABSENT
+    reasoning_effort: msgspec.Raw = ABSENT
+    verbosity: msgspec.Raw = ABSENT
+    moderation: msgspec.Raw = ABSENT
 
 
 class CompletionRequest(_Common, frozen=True):
     prompt: str | list[str] = ""
+    # OpenAI's completions take 0..5; the seats give up to MAX_TOP_LOGPROBS
+    logprobs: TopLogprobs | None = None
+    echo: bool = False
+    suffix: msgspec.Raw = ABSENT
+    best_of: msgspec.Raw = ABSENT
 
 
-T = TypeVar("T")
+# Decoded first: the same bodies with no unknown top-level field (see the docstring).
+class _StrictChat(ChatRequest, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class _StrictCompletion(CompletionRequest, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+_STRICT: dict[type[Any], type[Any]] = {ChatRequest: _StrictChat,
+                                       CompletionRequest: _StrictCompletion}
+
+T = TypeVar("T", bound=_Common)
 
 _AT = re.compile(r" - at `\$\.?([^`]*)`$")
 # A field named in the message itself: one that is missing, or unknown where unknown
@@ -99,20 +171,27 @@ _NAMED = re.compile(r"^Object (?:missing required|contains unknown) field `([^`]
 def validation_param(message: str) -> str:
     """The field a msgspec ValidationError names, as `param`: "messages[0].role" for
     "... - at `$.messages[0].role`", "model" for a missing top-level `model`, "body"
-    for the body itself (not an object)."""
+    for the body itself (not an object); a map's value (`$.logit_bias[...]`) is named
+    by the map."""
     at = _AT.search(message)
-    path = at.group(1) if at else ""
+    path = at.group(1).replace("[...]", "") if at else ""
     named = _NAMED.match(message)
     if named:
         path = f"{path}.{named.group(1)}" if path else named.group(1)
     return path or "body"
 
 
-def _decode(body: bytes, kind: type[T]) -> T:
+def _decode(body: bytes, kind: type[T]) -> tuple[T, tuple[str, ...]]:
+    """The body as `kind`, and the unknown top-level fields it had (sanitised)."""
     if not body:
         raise BadRequest("the request body is empty; expected a JSON object", param="body")
     try:
-        return msgspec.json.decode(body, type=kind)
+        try:
+            req: T = msgspec.json.decode(body, type=_STRICT[kind])
+            return req, ()
+        except msgspec.ValidationError:
+            req = msgspec.json.decode(body, type=kind)
+        return req, ignored_fields(body, kind)
     except msgspec.ValidationError as exc:
         text = str(exc)
         raise BadRequest(f"invalid request: {text}", param=validation_param(text)) from None
@@ -122,11 +201,33 @@ def _decode(body: bytes, kind: type[T]) -> T:
         raise BadRequest("the request body is nested too deeply", param="body") from None
 
 
-def sampling_params(req: _Common, limits: ProxyConfig) -> SamplingParams:
-    if req.n != 1:
-        raise BadRequest("only n=1 is supported", param="n")
-    if req.logprobs:
-        raise BadRequest("logprobs are not supported", param="logprobs")
+# ---------------------------------------------------------------------------
+# Field checks
+
+def _logit_bias(bias: dict[str, Any] | None) -> tuple[tuple[int, float], ...]:
+    if not bias:
+        return ()
+    lim.check_logit_bias("logit_bias", len(bias))
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        field = f"logit_bias.{sanitise(key)}"
+        token = int(key) if key.isascii() and key.isdigit() else -1
+        if not 0 <= token <= MAX_TOKEN_ID:
+            raise BadRequest(f"logit_bias keys are token ids (0..{MAX_TOKEN_ID}) as "
+                             f"strings; {key[:40]!r} is not one", param=field)
+        if token in out:
+            raise BadRequest(f"logit_bias names token {token} twice", param=field)
+        if (isinstance(value, bool) or not isinstance(value, int | float)
+                or not math.isfinite(value) or abs(value) > BIAS_LIMIT):
+            raise BadRequest(f"a logit_bias value is a number from -{BIAS_LIMIT:g} to "
+                             f"{BIAS_LIMIT:g}; got {str(value)[:40]}", param=field)
+        out[token] = float(value)
+    return tuple(sorted(out.items()))
+
+
+def sampling_params(req: _Common, limits: ProxyConfig,
+                    logprobs: int | None = None) -> SamplingParams:
+    refuse_unsupported(req)
     stops: tuple[str, ...]
     if req.stop is None:
         stops = ()
@@ -147,6 +248,12 @@ def sampling_params(req: _Common, limits: ProxyConfig) -> SamplingParams:
         max_tokens=max_tokens,
         stop=stops,
         seed=req.seed,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=_logit_bias(req.logit_bias),
+        min_p=req.min_p or 0.0,
+        logprobs=logprobs,
     )
 
 
@@ -167,6 +274,57 @@ def _content(field: str, message: Message) -> str:
     return "".join(texts)
 
 
+def _messages(req: ChatRequest, limits: ProxyConfig) -> tuple[ChatMessage, ...]:
+    """The chat as ChatMessages; the turns with tool calls or results by `_tool_turn`."""
+    if not req.messages:
+        raise BadRequest("messages must hold at least one message", param="messages")
+    lim.check_messages("messages", len(req.messages), limits)
+    calls_made: set[str] = set()
+    limit = limits.max_content_chars
+    out = []
+    for i, m in enumerate(req.messages):
+        # field names are built only for an error: this loop is on every request's path
+        text = m.content if type(m.content) is str else _content(f"messages[{i}].content", m)
+        if len(text) > limit:
+            lim.check_text(f"messages[{i}].content", len(text), limits)
+        if m.tool_calls or m.tool_call_id is not None or m.role == "tool":
+            out.append(_tool_turn(f"messages[{i}]", m, text, calls_made, limits))
+        else:
+            out.append(ChatMessage(m.role, text, m.name))
+    return tuple(out)
+
+
+def _tool_turn(at: str, m: Message, text: str, calls_made: set[str],
+               limits: ProxyConfig) -> ChatMessage:
+    """An assistant turn's tool calls as their JSON list (OpenAI's shape), or a tool
+    result with the call it answers, which an earlier assistant turn made."""
+    calls_json = None
+    if m.tool_calls:
+        if m.role != "assistant":
+            raise BadRequest("only an assistant message carries tool_calls",
+                             param=f"{at}.tool_calls")
+        calls_json = tools.calls_json(at, m.tool_calls, limits)
+        calls_made.update(call.id for call in m.tool_calls)
+    if m.role == "tool":
+        if m.tool_call_id is None:
+            raise BadRequest("a tool message names the call it answers",
+                             param=f"{at}.tool_call_id")
+        if m.content is None:
+            raise BadRequest("a tool message needs its content", param=f"{at}.content")
+        if m.tool_call_id not in calls_made:
+            raise BadRequest(f"tool_call_id {m.tool_call_id[:64]!r} answers no tool "
+                             "call of an earlier assistant message",
+                             param=f"{at}.tool_call_id")
+    elif m.tool_call_id is not None:
+        raise BadRequest("only a tool message carries tool_call_id",
+                         param=f"{at}.tool_call_id")
+    return ChatMessage(m.role, text, m.name, calls_json, m.tool_call_id)
+
+
+def tools_json(req: ChatRequest) -> str | None:
+    return tools.to_json("tools", req.tools) if req.tools else None
+
+
 def overrides(req: _Common) -> dict[str, Any]:
     """The request's `sanctum` overrides as Generate fields (KV lane, speculation,
     prompt cache, draft depth, a row of its own)."""
@@ -177,52 +335,58 @@ def overrides(req: _Common) -> dict[str, Any]:
             "solo": req.sanctum.solo}
 
 
-def tools_json(req: ChatRequest) -> str | None:
-    if not req.tools:
-        return None
-    try:
-        return json.dumps(req.tools, ensure_ascii=False)
-    except RecursionError:  # decodable by msgspec yet one level too deep to encode
-        raise BadRequest("tools is nested too deeply", param="tools") from None
+# ---------------------------------------------------------------------------
+# The doors' bodies, decoded
 
 
-def _schemas(req: ChatRequest, limits: ProxyConfig) -> None:
-    """Each tool's parameters, and a response_format schema, within max_schema_bytes."""
-    tools = req.tools or []
-    lim.check_tools("tools", len(tools), limits)
-    for i, tool in enumerate(tools):
-        function = tool.get("function")
-        if isinstance(function, dict) and "parameters" in function:
-            field = f"tools[{i}].function.parameters"
-            lim.check_schema(field, lim.encoded_bytes(field, function["parameters"]), limits)
-    fmt = req.response_format
-    spec = fmt.get("json_schema") if fmt is not None else None
-    if isinstance(spec, dict) and "schema" in spec:
-        field = "response_format.json_schema.schema"
-        lim.check_schema(field, lim.encoded_bytes(field, spec["schema"]), limits)
+class Chat(msgspec.Struct, frozen=True):
+    """A chat body, decoded and checked: what the door and its rungs need."""
+
+    req: ChatRequest
+    messages: tuple[ChatMessage, ...]
+    params: SamplingParams
+    tools_json: str | None
+    tool_choice: str | None
+    response_format: str | None
+    ignored: tuple[str, ...]  # unknown top-level fields, sanitised and sorted
+
+    def generate(self, request_id: str) -> Generate:
+        req = self.req
+        return Generate(request_id, req.stream, self.params, messages=self.messages,
+                        tools_json=self.tools_json, response_format=self.response_format,
+                        tool_choice=self.tool_choice,
+                        parallel_tool_calls=req.parallel_tool_calls is not False,
+                        **overrides(req))
 
 
-def parse_chat(body: bytes, limits: ProxyConfig
-               ) -> tuple[ChatRequest, tuple[ChatMessage, ...], SamplingParams]:
+class Completion(msgspec.Struct, frozen=True):
+    req: CompletionRequest
+    prompt: str
+    params: SamplingParams
+    ignored: tuple[str, ...]
+
+    def generate(self, request_id: str) -> Generate:
+        return Generate(request_id, self.req.stream, self.params, prompt=self.prompt,
+                        **overrides(self.req))
+
+
+def read_chat(body: bytes, limits: ProxyConfig) -> Chat:
     """The chat body as typed values, or a 400/413 naming the field."""
-    req = _decode(body, ChatRequest)
-    if not req.messages:
-        raise BadRequest("messages must hold at least one message", param="messages")
-    lim.check_messages("messages", len(req.messages), limits)
-    messages = []
-    for i, m in enumerate(req.messages):
-        field = f"messages[{i}].content"
-        text = _content(field, m)
-        lim.check_text(field, len(text), limits)
-        messages.append(ChatMessage(m.role, text, m.name))
-    _schemas(req, limits)
-    return req, tuple(messages), sampling_params(req, limits)
+    req, ignored = _decode(body, ChatRequest)
+    messages = _messages(req, limits)
+    names = tools.check_tools(req.tools or (), limits)
+    choice = tools.tool_choice(req.tool_choice, names)
+    fmt = tools.response_format(req.response_format, limits)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(req, limits, logprobs)
+    return Chat(req, messages, params, tools_json(req), choice, fmt, ignored)
 
 
-def parse_completion(body: bytes, limits: ProxyConfig
-                     ) -> tuple[CompletionRequest, str, SamplingParams]:
+def read_completion(body: bytes, limits: ProxyConfig) -> Completion:
     """The completion body as typed values, or a 400/413 naming the field."""
-    req = _decode(body, CompletionRequest)
+    req, ignored = _decode(body, CompletionRequest)
     prompt = req.prompt
     field = "prompt"
     if isinstance(prompt, list):
@@ -232,4 +396,21 @@ def parse_completion(body: bytes, limits: ProxyConfig
     if not prompt:
         raise BadRequest("prompt must not be empty", param=field)
     lim.check_text(field, len(prompt), limits)
-    return req, prompt, sampling_params(req, limits)
+    if req.echo and req.logprobs is not None:
+        raise BadRequest("echo with logprobs would need the prompt's log-probabilities, "
+                         "which the seats do not compute", param="echo")
+    return Completion(req, prompt, sampling_params(req, limits, req.logprobs), ignored)
+
+
+def parse_chat(body: bytes, limits: ProxyConfig
+               ) -> tuple[ChatRequest, tuple[ChatMessage, ...], SamplingParams]:
+    """`read_chat`, as (request, messages, sampling)."""
+    chat = read_chat(body, limits)
+    return chat.req, chat.messages, chat.params
+
+
+def parse_completion(body: bytes, limits: ProxyConfig
+                     ) -> tuple[CompletionRequest, str, SamplingParams]:
+    """`read_completion`, as (request, prompt, sampling)."""
+    done = read_completion(body, limits)
+    return done.req, done.prompt, done.params

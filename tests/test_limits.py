@@ -21,6 +21,7 @@ from proxyd.openai_api import parse_chat, parse_completion
 from shared.clock import ManualClock
 from shared.config import ProxyConfig
 from shared.errors import BadRequest, PayloadTooLarge
+from shared.protocol import MAX_LOGIT_BIAS
 from tests.procs import free_port, http
 from tests.proxy_thread import ProxyThread
 
@@ -46,6 +47,8 @@ CHECKS: list[tuple[str, Callable[[int], None], int, type[Exception], str]] = [
     ("tools", lambda n: lim.check_tools("tools", n, LIMITS), 2, BadRequest, "tools"),
     ("schema", lambda n: lim.check_schema("tools[0].function.parameters", n, LIMITS), 40,
      BadRequest, "tools[0].function.parameters"),
+    ("logit_bias", lambda n: lim.check_logit_bias("logit_bias", n), MAX_LOGIT_BIAS,
+     BadRequest, "logit_bias"),
 ]
 
 
@@ -114,15 +117,31 @@ def user(n: int, text: str = "x") -> list[dict[str, str]]:
     return [{"role": "user", "content": text}] * n
 
 
-def tool(schema_bytes: int) -> dict[str, Any]:
+def tool(schema_bytes: int, name: str = "f") -> dict[str, Any]:
     """A tool whose parameters encode to `schema_bytes` bytes of compact JSON."""
     pad = "d" * (schema_bytes - len(b'{"description":""}'))
-    return {"type": "function", "function": {"name": "f", "parameters": {"description": pad}}}
+    return {"type": "function", "function": {"name": name, "parameters": {"description": pad}}}
+
+
+def tools(*sizes: int) -> list[dict[str, Any]]:
+    """Tools of these schema sizes, each named apart (a name twice is refused)."""
+    return [tool(n, f"f{i}") for i, n in enumerate(sizes)]
 
 
 def schema(schema_bytes: int) -> dict[str, Any]:
     pad = "d" * (schema_bytes - len(b'{"description":""}'))
     return {"type": "json_schema", "json_schema": {"name": "s", "schema": {"description": pad}}}
+
+
+def tool_turns(result: str = "r", args: str = "{}") -> list[dict[str, Any]]:
+    """A question, the assistant's call (its arguments `args`), the tool's `result`."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}
+    return [*user(1), {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": result}]
+
+
+def bias(n: int) -> dict[str, int]:
+    return {str(i): 1 for i in range(n)}
 
 
 # (name, body at the limit, body one past, param); chat unless it says prompt
@@ -141,11 +160,17 @@ DOOR_CASES: list[tuple[str, bytes, bytes, str]] = [
     ("stop count", chat(stop=["a", "b"]), chat(stop=["a", "b", "c"]), "stop"),
     ("stop chars", chat(stop=["a", "12345"]), chat(stop=["a", "123456"]), "stop[1]"),
     ("stop string", chat(stop="12345"), chat(stop="123456"), "stop"),
-    ("tools", chat(tools=[tool(20)] * 2), chat(tools=[tool(20)] * 3), "tools"),
-    ("tool schema", chat(tools=[tool(20), tool(40)]), chat(tools=[tool(20), tool(41)]),
+    ("tools", chat(tools=tools(20, 20)), chat(tools=tools(20, 20, 20)), "tools"),
+    ("tool schema", chat(tools=tools(20, 40)), chat(tools=tools(20, 41)),
      "tools[1].function.parameters"),
     ("response schema", chat(response_format=schema(40)), chat(response_format=schema(41)),
      "response_format.json_schema.schema"),
+    ("tool result", chat(messages=tool_turns("y" * 50)), chat(messages=tool_turns("y" * 51)),
+     "messages[2].content"),
+    ("tool call arguments", chat(messages=tool_turns(args="a" * 50)),
+     chat(messages=tool_turns(args="a" * 51)), "messages[1].tool_calls[0].function.arguments"),
+    ("logit_bias", chat(logit_bias=bias(MAX_LOGIT_BIAS)), chat(logit_bias=bias(MAX_LOGIT_BIAS + 1)),
+     "logit_bias"),
     ("prompt", b'{"model":"m","prompt":"' + b"p" * 50 + b'"}',
      b'{"model":"m","prompt":"' + b"p" * 51 + b'"}', "prompt"),
     ("prompt list", b'{"model":"m","prompt":["' + b"p" * 50 + b'"]}',
