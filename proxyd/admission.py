@@ -94,6 +94,8 @@ class Admission:
             if key not in memo:
                 texts = [m.content for m in gen.messages] if gen.messages is not None \
                     else [gen.prompt or ""]
+                # an assistant turn's calls are sent with it, and count like its text
+                texts += [m.tool_calls_json for m in gen.messages or () if m.tool_calls_json]
                 if gen.tools_json:
                     texts.append(gen.tools_json)
                 if gen.prefix:

@@ -2,7 +2,9 @@
 
 A completion handler parses its API's body into a `Generate`, picks the route and
 the door that renders its format (proxyd/responses.py), and hands both to the
-plumbing (proxyd/front.py), which runs the ladder (proxyd/journey.py).
+plumbing (proxyd/front.py), which runs the ladder (proxyd/journey.py).  The body's
+top-level fields unknown to its API are counted (`ignored_fields{field}`) and named in
+`X-Sanctum-Ignored` on the answer, or on the error, whichever the request gets.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from proxyd.counters import render_metrics
 from proxyd.front import serve
 from proxyd.hosted import HostedClient
 from proxyd.limits import OverSize, body_too_large, check_body, refused_field
-from proxyd.openai_api import overrides, parse_chat, parse_completion, tools_json
+from proxyd.openai_api import ChatRequest, CompletionRequest, read_chat, read_completion
+from proxyd.openai_fields import ignored_fields, ignored_header
 from proxyd.proxy import PROXY, Proxy
 from proxyd.readiness import health, live
 from proxyd.responses import ChatDoor, CompletionDoor, Door
@@ -31,13 +34,15 @@ from shared.clock import Clock
 from shared.clock import monotonic as real_clock
 from shared.config import Config, RouteConfig
 from shared.errors import NotFound, SanctumError
-from shared.protocol import Generate
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 RID = web.RequestKey("request_id", str)
+# X-Sanctum-Ignored of a request whose body named fields unknown to its API: on its
+# answer and on its error alike.
+IGNORED = web.RequestKey("ignored", str)
 
 
 def request_id(request: web.Request) -> str:
@@ -54,8 +59,11 @@ def json_response(body: Any, status: int = 200,
                         content_type="application/json", headers=headers)
 
 
-def error_response(exc: SanctumError, rid: str | None = None) -> web.Response:
+def error_response(exc: SanctumError, rid: str | None = None,
+                   ignored: str | None = None) -> web.Response:
     headers = {"X-Request-Id": rid} if rid else {}
+    if ignored:
+        headers["X-Sanctum-Ignored"] = ignored
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(exc.retry_after_s)
     if exc.status == 401:  # RFC 9110: a 401 names the scheme it wants
@@ -70,7 +78,7 @@ def _refused(request: web.Request, exc: SanctumError) -> web.Response:
     field = refused_field(exc)
     if field is not None:
         counters.inc("input_refused", field)
-    return error_response(exc, request.get(RID))
+    return error_response(exc, request.get(RID), request.get(IGNORED))
 
 
 @web.middleware
@@ -135,25 +143,49 @@ def _usage(req: Any) -> bool:
     return bool(req.stream_options and req.stream_options.include_usage)
 
 
+def _ignored(request: web.Request, names: tuple[str, ...]) -> dict[str, str]:
+    """Count the body's unknown fields, and name them on whatever answers the request."""
+    if not names:
+        return {}
+    request.app[PROXY].counters.ignored(names)
+    request[IGNORED] = ignored_header(names)
+    return {"X-Sanctum-Ignored": request[IGNORED]}
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     rid = _begin(request)
     proxy = request.app[PROXY]
-    req, messages, params = parse_chat(await read_body(request), proxy.config.proxy)
-    gen = Generate(rid, req.stream, params, messages=messages, tools_json=tools_json(req),
-                   **overrides(req))
-    door: Door = ChatDoor(req.stream, _usage(req))
+    body = await read_body(request)
+    try:
+        chat = read_chat(body, proxy.config.proxy)
+    except SanctumError:
+        _ignored(request, ignored_fields(body, ChatRequest))
+        raise
+    headers = _ignored(request, chat.ignored)
+    req = chat.req
+    door: Door = ChatDoor(req.stream, _usage(req), logprobs=chat.params.logprobs is not None)
     with structlog.contextvars.bound_contextvars(request_id=rid):
-        return await serve(request, proxy, door, _route(proxy, req.model), gen)
+        return await serve(request, proxy, door, _route(proxy, req.model), chat.generate(rid),
+                           headers)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     rid = _begin(request)
     proxy = request.app[PROXY]
-    req, prompt, params = parse_completion(await read_body(request), proxy.config.proxy)
-    gen = Generate(rid, req.stream, params, prompt=prompt, **overrides(req))
-    door: Door = CompletionDoor(req.stream, _usage(req))
+    body = await read_body(request)
+    try:
+        done = read_completion(body, proxy.config.proxy)
+    except SanctumError:
+        _ignored(request, ignored_fields(body, CompletionRequest))
+        raise
+    headers = _ignored(request, done.ignored)
+    req = done.req
+    door: Door = CompletionDoor(req.stream, _usage(req),
+                                logprobs=done.params.logprobs is not None,
+                                echo=done.prompt if req.echo else "")
     with structlog.contextvars.bound_contextvars(request_id=rid):
-        return await serve(request, proxy, door, _route(proxy, req.model), gen)
+        return await serve(request, proxy, door, _route(proxy, req.model), done.generate(rid),
+                           headers)
 
 
 async def models(request: web.Request) -> web.Response:

@@ -37,10 +37,16 @@ LABELLED: dict[str, tuple[str, ...]] = {
     # requests that found their route still loading: how the wait ended (ready, timeout,
     # down: nothing was loading any more)
     "load_waits": ("outcome",),
+    # top-level body fields unknown to the OpenAI API, ignored and listed in
+    # X-Sanctum-Ignored (proxyd/openai_fields.py): at most MAX_IGNORED_LABELS names,
+    # since clients choose them; the rest are counted as OTHER_FIELD
+    "ignored_fields": ("field",),
 }
 # Labelled counters shown in /counters as {label: count}.
 ONE_LABEL = ("answered_by", "fallbacks", "auth_failures", "rate_limited", "input_refused",
-             "load_waits")
+             "load_waits", "ignored_fields")
+MAX_IGNORED_LABELS = 256
+OTHER_FIELD = "_other"
 
 
 class ProxyCounters:
@@ -59,6 +65,15 @@ class ProxyCounters:
             return
         bucket = self.labelled[name]
         bucket[labels] = bucket.get(labels, 0) + n
+
+    def ignored(self, fields: tuple[str, ...]) -> None:
+        """Count a request's ignored fields, each once, under a bounded set of labels."""
+        bucket = self.labelled["ignored_fields"]
+        for field in fields:
+            key = (field,)
+            if key not in bucket and len(bucket) >= MAX_IGNORED_LABELS:
+                key = (OTHER_FIELD,)
+            bucket[key] = bucket.get(key, 0) + 1
 
     def snapshot(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.plain)

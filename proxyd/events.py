@@ -1,16 +1,22 @@
 """What the ladder tells a front door, as typed events (proxyd/journey.py yields them).
 
     Commit(answer)                      the answer begins: headers may go (streams only)
-    Text(text)                          committed text, in order (streams only)
-    Done(answer, text, finish, usage)   the answer is complete; `text` is all of it for a
-                                        non-stream request, empty for a stream
+    Text(text, tool_calls, logprobs)    committed text, in order, with the tool calls
+                                        completed in it and its tokens' log-probabilities
+                                        (streams only)
+    Done(answer, text, finish, usage,   the answer is complete; `text`, `tool_calls` and
+         tool_calls, logprobs)          `logprobs` are all of it for a non-stream
+                                        request, empty for a stream
     Abort(message, code, seat, attempts)  a begun stream no rung could finish: it ends
                                         with a terminal error, never a short "complete"
 
 A stream whose answering rung fails after the commit is continued by the next
 allowed rung: its text follows as more `Text` events, without a seam, and
 `answer.seat` names the rung sending now (each chunk names the rung that wrote
-it); `answer.segments` lists every rung's part.
+it); `answer.segments` lists every rung's part.  A stream under a constraint (tools the
+model may call, or a response_format) is not continued: another rung could not be
+held to the constraint across the seam, so it ends with `Abort` (proxyd/journey.py,
+`constraint`).
 
 A request that no rung answered before commit ends with a `SanctumError` raised
 from the ladder instead (proxyd/conclusion.py), which the error middleware
@@ -24,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from shared.protocol import Usage
+from shared.protocol import TokenLogprob, ToolCall, Usage
 
 
 class Answer(msgspec.Struct):
@@ -76,6 +82,8 @@ class Commit(msgspec.Struct, frozen=True):
 
 class Text(msgspec.Struct, frozen=True):
     text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class Done(msgspec.Struct, frozen=True):
@@ -83,6 +91,8 @@ class Done(msgspec.Struct, frozen=True):
     text: str
     finish_reason: str | None
     usage: Usage
+    tool_calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class Abort(msgspec.Struct, frozen=True):

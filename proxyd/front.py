@@ -1,12 +1,13 @@
 """Plumbing between a front door and the ladder: events in, bytes out.
 
-    serve(request, proxy, door, route, gen) -> web.StreamResponse
+    serve(request, proxy, door, route, gen, headers) -> web.StreamResponse
 
 The journey (proxyd/journey.py) decides; the door (proxyd/responses.py)
 renders; this writes.  Response headers are sent only at the commit point (the
 answering seat's first text, or its whole answer), so `X-Sanctum-Seat` and
 `X-Sanctum-Attempts` are true when they leave (the attempt that began the answer is
-listed as `streaming`: it has not ended yet).  A write that fails, or a client
+listed as `streaming`: it has not ended yet); `headers` are the door's own, sent
+with them (X-Sanctum-Ignored).  A write that fails, or a client
 whose transport is closing, ends the journey as a departure.
 """
 
@@ -40,10 +41,11 @@ async def _write(response: web.StreamResponse, data: bytes) -> bool:
         return False
 
 
-async def _commit(request: web.Request, door: Door, answer: Answer) -> web.StreamResponse | None:
+async def _commit(request: web.Request, door: Door, answer: Answer,
+                  headers: dict[str, str]) -> web.StreamResponse | None:
     """Send the headers (and the door's opening chunk, if it has one); None when the
     client is already gone."""
-    response = web.StreamResponse(headers={**STREAM_HEADERS, **answer.headers()})
+    response = web.StreamResponse(headers={**STREAM_HEADERS, **answer.headers(), **headers})
     try:
         await response.prepare(request)
     except ConnectionError:
@@ -55,7 +57,8 @@ async def _commit(request: web.Request, door: Door, answer: Answer) -> web.Strea
 
 
 async def serve(request: web.Request, proxy: Proxy, door: Door, route: RouteConfig,
-                gen: Generate) -> web.StreamResponse:
+                gen: Generate, headers: dict[str, str] | None = None) -> web.StreamResponse:
+    own = headers or {}
     journey = Journey(proxy, route, gen, request.headers.get("X-Sanctum-Offbox"),
                       lambda: gone(request))
     response: web.StreamResponse | None = None
@@ -65,24 +68,23 @@ async def serve(request: web.Request, proxy: Proxy, door: Door, route: RouteConf
             async for event in events:
                 if type(event) is Text:
                     assert response is not None and answer is not None
-                    if gone(request) or not await _write(response, door.text(answer, event.text)):
+                    if gone(request) or not await _write(response, door.text(answer, event)):
                         journey.left()
                         return response
                 elif isinstance(event, Commit):
                     answer = event.answer
-                    response = await _commit(request, door, answer)
+                    response = await _commit(request, door, answer, own)
                     if response is None:
                         journey.left()
                         return web.Response(status=499)
                 elif isinstance(event, Done):
                     a = event.answer
                     if not door.stream:
-                        return web.Response(body=door.body(a, event.text, event.finish_reason,
-                                                           event.usage),
+                        return web.Response(body=door.body(event),
                                             content_type="application/json",
-                                            headers=a.headers())
+                                            headers={**a.headers(), **own})
                     if response is None:
-                        response = await _commit(request, door, a)
+                        response = await _commit(request, door, a, own)
                         if response is None:  # answered, but its client left meanwhile
                             proxy.counters.inc("client_disconnects")
                             return web.Response(status=499)

@@ -19,7 +19,11 @@ out gets 503 `loading` with Retry-After.  A loading seat with a ready rung after
 is passed over at once (`failed:not_ready`): the first ready rung answers.
 
 A request no rung answered before commit ends with the conclusion's error, raised;
-a stream that began and that no later rung could finish ends with an `Abort`.
+a stream that began and that no later rung could finish ends with an `Abort`.  A
+stream under a constraint (`constraint`: tools the model may call, a response_format)
+is never continued by another rung: the continuing rung would have to resume the
+grammar and the tool-call parsing mid-answer, from text another seat wrote, which no
+rung can do exactly today, so such a stream that breaks ends with its `Abort` at once.
 
 The front door tells the journey when its client went away (`left()`) and then
 stops iterating; closing the iterator ends the seat's attempt (its work is
@@ -61,9 +65,29 @@ from proxyd.seat_client import SeatClient
 from proxyd.seat_state import SeatState
 from shared.config import RouteConfig
 from shared.errors import Loading, client_error
-from shared.protocol import Chunk, Failed, Final, Generate, Outcome, Rejected, Retry
+from shared.protocol import (
+    Chunk,
+    Failed,
+    Final,
+    Generate,
+    Outcome,
+    Rejected,
+    Retry,
+    TokenLogprob,
+    ToolCall,
+)
 
 log = structlog.get_logger()
+
+
+def constraint(gen: Generate) -> str | None:
+    """What holds a request's answer to a shape, so that no other rung may continue it
+    after the commit: "response_format", "tools" (tools the model may call), or None."""
+    if gen.response_format is not None:
+        return "response_format"
+    if gen.tools_json is not None and gen.tool_choice != "none":
+        return "tools"
+    return None
 
 
 class Journey:
@@ -117,6 +141,7 @@ class Journey:
         answer: Answer | None = None
         broke: tuple[str, Failed | Rejected] | None = None  # the last rung that failed
         over_cap: list[dict[str, str | int]] = []  # continuations too long for a rung
+        unbound = True  # False: a constrained stream broke, and no rung may continue it
         for i, name in enumerate(self.plan.rungs):
             self.seat = name
             seat_cfg = proxy.seats[name]
@@ -155,6 +180,8 @@ class Journey:
             segment = Segment(name, tokenizer=pong.tokenizer_hash if pong else "",
                               ids=[] if pong else None)
             texts: list[str] = []
+            calls: list[ToolCall] = []
+            logprobs: list[TokenLogprob] = []
             # An attempt also ends when the client leaves while it waits (a local seat's
             # queue place, prefill or next chunk; a hosted rung's back-off).  A rung's
             # half-open probe is one try.
@@ -165,6 +192,8 @@ class Journey:
                     if type(frame) is Chunk:
                         if not stream:
                             texts.append(frame.text)
+                            calls.extend(frame.tool_calls)
+                            logprobs.extend(frame.logprobs)
                             segment.tokens = max(segment.tokens, frame.completion_tokens)
                             answer.served = frame.served_if_ok
                             answer.speculation = frame.speculation or answer.speculation
@@ -195,7 +224,7 @@ class Journey:
                         if segment.ids is not None:
                             segment.ids.extend(frame.ids)
                         self.sent.append(frame.text)
-                        yield Text(frame.text)
+                        yield Text(frame.text, frame.tool_calls, frame.logprobs)
                         continue
                     if isinstance(frame, Retry):
                         # A hosted rung tries again: the failed try is listed, never served.
@@ -238,6 +267,7 @@ class Journey:
                         # answer: the error to report stays the one of the rung that did.
                         if segment in self.segments:
                             broke = (name, outcome)
+                        unbound = constraint(self.gen) is None
                         break
                     if step is Step.STOP:
                         return
@@ -262,10 +292,13 @@ class Journey:
                              completion_tokens=usage.completion_tokens,
                              ttft_s=round(frame.ttft_s, 4),
                              elapsed_s=round(time.monotonic() - self.started, 4))
-                    yield Done(answer, "".join(texts), frame.finish_reason, usage)
+                    yield Done(answer, "".join(texts), frame.finish_reason, usage,
+                               tuple(calls), tuple(logprobs))
                     return
             if not self.committed:
                 self.segments.clear()  # nothing of a failed sync attempt is kept
+            elif not unbound:
+                break  # a constrained stream is not continued (see the docstring)
         if self.committed:
             # The answer began and no rung could finish it: an honest end, naming the
             # rung that broke and listing every try.
@@ -273,9 +306,10 @@ class Journey:
             seat, outcome = broke
             counters.inc("midstream_aborts")
             answer.segments = [seg.body() for seg in self.segments]
+            why = "no rung could finish it" if unbound else \
+                f"an answer under {constraint(self.gen)} is not continued by another rung"
             yield Abort(f"seat {seat} failed after the answer began "
-                        f"({outcome_label(outcome)}) and no rung could finish it; "
-                        "the answer is incomplete",
+                        f"({outcome_label(outcome)}) and {why}; the answer is incomplete",
                         "midstream_failure", seat, attempts_header(self.attempts),
                         answer.segments, over_cap)
             return

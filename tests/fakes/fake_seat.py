@@ -17,10 +17,17 @@ faults a real model cannot be made to produce on demand:
     stall              two chunks, then silence on that request (pings still answered)
     internal_error     Final(Failed internal_error)
     slow               one chunk every 50 ms until cancelled or `--tokens` reached
+    tools              like ok; a request with tools (tool_choice not "none") gets its
+                       last chunk with a call of the named tool (else the first), and a
+                       call of the second tool too when there is one and
+                       parallel_tool_calls; Final(ok, finish_reason "tool_calls")
 
-A request that continues an answer (`Generate.prefix`, "t1 t2 t3 ") goes on from
-the next token ("t4 "), as a seat with the same weights would.  Every request,
-cancel and token is appended to the JSONL log for the test to read.
+A request that asks for log-probabilities (`params.logprobs` = k) gets one
+TokenLogprob per chunk's token: token "tN " at -0.25 * N, with k alternatives ("tN "
+itself first, then "altJ" at one less each).  A request that continues an answer
+(`Generate.prefix`, "t1 t2 t3 ") goes on from the next token ("t4 "), as a seat with
+the same weights would.  Every request, cancel and token is appended to the JSONL
+log for the test to read.
 It builds on the seat side of the protocol (shared/seat_side.py), as the null seat does.
 """
 
@@ -43,6 +50,8 @@ from shared.protocol import (
     Pong,
     Rejected,
     Started,
+    TokenLogprob,
+    ToolCall,
     Usage,
 )
 from shared.seat_side import SeatSocket, serve
@@ -115,13 +124,14 @@ class FakeSeat:
         else:
             self.active[rid] = (identity, len((msg.prefix or "").split()), msg)
 
-    def finish(self, identity: bytes, rid: str, n: int) -> None:
+    def finish(self, identity: bytes, rid: str, n: int, calls: int = 0) -> None:
         self.served += 1
         speculation = "declined:no_drafter" if self.mode == "decline" else "off"
         # Noted before it is sent: a test that reads the log after its answer sees it.
         self.note(event="final", request_id=rid, served=self.served, tokens=n)
         self.send(identity, Final(rid, Ok(), self.name, self.served, self.incarnation,
-                                  "length", Usage(5, n), speculation))
+                                  "tool_calls" if calls else "length", Usage(5, n),
+                                  speculation))
 
     def tick(self) -> float | None:
         if not self.active:
@@ -138,12 +148,36 @@ class FakeSeat:
                 os.kill(os.getpid(), signal.SIGKILL)
             n += 1
             begun = len((req.prefix or "").split())
-            self.send(identity, Chunk(rid, f"t{n} ", n - begun, self.served + 1))
+            calls = self.calls(req) if n >= self.tokens else ()
+            self.send(identity, Chunk(rid, f"t{n} ", n - begun, self.served + 1,
+                                      tool_calls=calls, logprobs=logprobs(req, n)))
             self.active[rid] = (identity, n, req)
             if n >= self.tokens:
                 self.active.pop(rid)
-                self.finish(identity, rid, n - begun)
+                self.finish(identity, rid, n - begun, len(calls))
         return max(0.0, self.next_tick - time.monotonic())
+
+
+    def calls(self, req: Generate) -> tuple[ToolCall, ...]:
+        """The tool calls of mode `tools`: see the module docstring."""
+        if self.mode != "tools" or not req.tools_json or req.tool_choice == "none":
+            return ()
+        names = [t["function"]["name"] for t in json.loads(req.tools_json)]
+        if req.tool_choice and req.tool_choice.startswith("function:"):
+            names = [req.tool_choice.removeprefix("function:")]
+        elif not req.parallel_tool_calls:
+            names = names[:1]
+        return tuple(ToolCall(i, f"call_{i}_{req.request_id[:8]}", name,
+                              json.dumps({"n": i + 1})) for i, name in enumerate(names[:2]))
+
+
+def logprobs(req: Generate, n: int) -> tuple[TokenLogprob, ...]:
+    top = req.params.logprobs
+    if top is None:
+        return ()
+    token, lp = f"t{n} ", -0.25 * n
+    alts = [(token, lp), *((f"alt{j}", lp - j) for j in range(1, top))][:top]
+    return (TokenLogprob(token, lp, tuple(token.encode()), tuple(alts)),)
 
 
 def main() -> None:
