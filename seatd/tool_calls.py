@@ -29,6 +29,10 @@ gets), piece by piece:
     blanks after a call    held: sent with the text that follows them, dropped when
                            another call or the end follows (the newline between two
                            calls is the syntax's, not content for the client)
+    a continued answer     the answer's text so far replayed (`resume`): the calls
+      (another seat began   its client got came apart from its text, so they are not
+      it and failed)        sent again, the next call takes the next index, and a call
+                           left open is completed by this seat
 
 The markers are matched on text, not on token ids, by mlx-lm's own TextStateMachine,
 so a marker split across tokens (or across chunks) is still found.  Call ids are
@@ -46,6 +50,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from seatd.answer import seam
 from shared.prompt import template_knows_tools
 from shared.protocol import ToolCall
 
@@ -177,11 +182,35 @@ class ToolSplitter:
         self.after = False  # a call was the last thing parsed
         self.gap = ""  # blanks since that call: dropped between calls and at the end
         self.closed = False
+        # A continued answer (`resume`): the calls its first part made, the text its
+        # client still lacks, and the characters to come that it already has.
+        self.replayed = 0
+        self.unsent = ""
+        self.skip = 0
+
+    def resume(self, head: str, sent: str) -> None:
+        """A continued answer: `head` is the text of the answer's tokens so far, which
+        the seat that began it split as this splitter does; `sent` is the text its client
+        has (the calls it has came apart).  Replays `head`, so that the calls go on from
+        the next index and a call `head` leaves open is completed here.  Raises
+        ValueError when `sent` is not the text `head` gave (`seatd.answer.seam`)."""
+        got = self.feed(head)
+        self.unsent, self.skip = seam(got.text, sent)
+        self.replayed, self.failures = self.made, 0
+
+    def _sending(self, out: Split) -> Split:
+        text = out.text
+        if self.unsent:
+            text, self.unsent = self.unsent + text, ""
+        if self.skip and text:
+            cut = min(self.skip, len(text))
+            text, self.skip = text[cut:], self.skip - cut
+        return Split(text, out.calls)
 
     def feed(self, text: str) -> Split:
         """The next piece of committed answer text."""
         self.state, segments = TextStateMachine.split(self.state, text)
-        return self._take(segments)
+        return self._sending(self._take(segments))
 
     def close(self) -> Split:
         """The answer ended: what was held back, and an unclosed call (module docstring)."""
@@ -190,19 +219,19 @@ class ToolSplitter:
         self.closed = True
         self.state, rest, where = TextStateMachine.flush(self.state)
         out = self._take([(where, rest)])
-        if not self.inside:
-            self.gap = ""  # blanks after the last call
-            return out
-        self.inside = False
-        if self.family.end_optional:
-            end = self._call(self.held, closed=False)
-        else:
-            self.failures += 1
-            end = Split(self._unsent() + self.family.start + self.held)
-        self.held = ""
-        return Split(out.text + end.text, out.calls + end.calls)
+        end = Split("")
+        if self.inside:
+            self.inside = False
+            if self.family.end_optional:
+                end = self._call(self.held, closed=False)
+            else:
+                self.failures += 1
+                end = Split(self._blanks() + self.family.start + self.held)
+            self.held = ""
+        self.gap = ""  # blanks after the last call
+        return self._sending(Split(out.text + end.text, out.calls + end.calls))
 
-    def _unsent(self) -> str:
+    def _blanks(self) -> str:
         gap, self.gap, self.after = self.gap, "", False
         return gap
 
@@ -224,7 +253,7 @@ class ToolSplitter:
             if self.after and not piece.strip():
                 self.gap += piece  # blanks after a call: text only if text follows
             else:
-                texts.append(self._unsent() + piece)
+                texts.append(self._blanks() + piece)
         return Split("".join(texts), tuple(calls))
 
     def _call(self, inner: str, closed: bool) -> Split:
@@ -235,7 +264,7 @@ class ToolSplitter:
         except Exception:  # mlx-lm's parsers raise what they meet (ValueError, ...)
             self.failures += 1
             end = self.family.end if closed else ""
-            return Split(self._unsent() + self.family.start + inner + end)
+            return Split(self._blanks() + self.family.start + inner + end)
         self.gap, self.after = "", True
         calls = []
         for name, arguments in found:

@@ -355,10 +355,18 @@ class SeatWorker:
         if request.prefix is not None or request.prefix_ids is not None:
             # A continued answer: the answer so far follows the prompt, and its answer
             # positions start after it (the engine reads `prefix_ids`).
-            ids = continuation_ids(loaded.tokenizer, request)
-            if ids is None:
+            ids, head = continuation(loaded.tokenizer, request)
+            try:
+                if job.calls is not None:
+                    # The client's text lacks the calls it got: the splitter replays the
+                    # answer so far, and the engine takes all of its text as sent.
+                    job.calls.resume(head, request.prefix or "")
+                    request = msgspec.structs.replace(request, prefix=head)
+                else:
+                    seam(head, request.prefix or "")
+            except ValueError:
                 raise Refusal(Rejected(400, "prefix_mismatch",
-                                       "the answer's text does not match its tokens"))
+                                       "the answer's text does not match its tokens")) from None
             if len(prompt) + len(ids) >= loaded.context_length:
                 raise Refusal(Rejected(
                     413, "prompt_too_long",
@@ -447,7 +455,7 @@ class SeatWorker:
         if job.constrained:
             c.inc("constrained")
         if job.calls is not None:
-            c.inc("tool_calls", job.calls.made)
+            c.inc("tool_calls", job.calls.made - job.calls.replayed)  # this seat's own
             c.inc("tool_parse_failures", job.calls.failures)
         match outcome:
             case Ok():
@@ -562,24 +570,20 @@ class SeatWorker:
         return code
 
 
-def continuation_ids(tokenizer: Any, request: Generate) -> list[int] | None:
-    """The tokens of a continued answer's prefix: the ones the seat that began it sent
-    (`prefix_ids`, from a seat with this tokenizer), or the text's own tokens.  None when
-    they do not decode to the text the client has (`seatd.answer.seam`)."""
-    sent = request.prefix or ""
+def continuation(tokenizer: Any, request: Generate) -> tuple[list[int], str]:
+    """The tokens of a continued answer's prefix and their text as the answer's
+    detokenizer has it: the tokens the seat that began it sent (`prefix_ids`, from a seat
+    with this tokenizer), or the text's own.  The caller checks that text against what
+    the client has (`seatd.answer.seam`)."""
     ids = (list(request.prefix_ids) if request.prefix_ids is not None
-           else list(tokenizer.encode(sent, add_special_tokens=False)))
+           else list(tokenizer.encode(request.prefix or "", add_special_tokens=False)))
     detok = tokenizer.detokenizer
     detok.reset()
     for token in ids:
         detok.add_token(token)
-    try:
-        seam(detok.last_segment, sent)
-    except ValueError:
-        return None
-    finally:
-        detok.reset()
-    return ids
+    head = str(detok.last_segment)
+    detok.reset()
+    return ids, head
 
 
 def _faulty(request: Generate) -> bool:

@@ -145,6 +145,35 @@ def test_blanks_between_calls(text: str, want: str, calls: int) -> None:
         assert (sent, len(got)) == (want, calls), pieces
 
 
+def resumed(head: str, sent: str) -> ToolSplitter:
+    splitter = ToolSplitter(family_named("json_tools"), TOOLS, "req-1")
+    splitter.resume(head, sent)
+    return splitter
+
+
+def test_a_continued_answer_goes_on_from_the_calls_it_has() -> None:
+    """Another seat began the answer and failed: its client has the text and the calls
+    it got apart; replaying the answer's text so far, this seat sends only what is new,
+    numbers its calls on from there, and completes a call left open."""
+    head = "Sure.\n" + GOOD + "\nDone"
+    seen = "Sure.\n\nDone"  # what the seat that began it sent as text
+    splitter = resumed(head, seen)
+    assert (splitter.made, splitter.replayed) == (1, 1)
+    assert splitter.feed(" now.") == (" now.", ())
+    got = splitter.feed(GOOD)
+    assert [(c.index, c.id) for c in got.calls] == [(1, call_id("req-1", 1))]
+    # the client lacks text the other seat still held, or has a character still to come
+    assert resumed(head, "Sure.\n").feed("!").text == "\nDone!"
+    assert resumed(head, seen + " ").feed(" x").text == "x"
+    # a call left open by the seat that failed
+    splitter = resumed("Sure." + GOOD[:30], "Sure.")
+    got = splitter.feed(GOOD[30:])
+    assert got.text == "" and [c.index for c in got.calls] == [0]
+    assert splitter.replayed == 0
+    with pytest.raises(ValueError):
+        resumed(head, "Other text")
+
+
 def test_an_unclosed_call_is_parsed_where_the_end_marker_is_optional() -> None:
     """Mistral's calls run to the end of the answer; an end marker that is an EOS token
     never shows in the text, so a call ending the answer is complete."""
@@ -318,12 +347,15 @@ def seat(tmp_path_factory: pytest.TempPathFactory
     tok = load_tokenizer(resolve_model("builtin:demo"))
     ids = tuple(tok.encode(CALL, add_special_tokens=False))
     params = protocol.SamplingParams(temperature=0.0, max_tokens=len(ids) + 64, stop=STOPS)
+    assert not any(stop in "\nOK" for stop in STOPS)
     messages = (protocol.ChatMessage("user", "What time is it in UTC?"),)
     both, one = json.dumps(TOOLS), json.dumps(TOOLS[1:])  # one: a shorter prompt
 
+    after = tuple(tok.encode(CALL + "\nOK", add_special_tokens=False))
+
     def continued(rid: str, **kw: Any) -> protocol.Generate:
-        return protocol.Generate(rid, True, params, messages=messages, prefix="",
-                                 prefix_ids=ids, **kw)
+        return protocol.Generate(rid, True, params, messages=messages,
+                                 **{"prefix": "", "prefix_ids": ids, **kw})
 
     def fresh(rid: str, tools: str, **kw: Any) -> protocol.Generate:
         return protocol.Generate(rid, False, REQUIRED, messages=messages, tools_json=tools,
@@ -333,28 +365,27 @@ def seat(tmp_path_factory: pytest.TempPathFactory
         continued("t1", tools_json=one),
         continued("t2", tools_json=one, tool_choice="none"),
         continued("t3"),
+        continued("c2", tools_json=one, prefix_ids=after),  # the client lacks "\nOK"
         fresh("r1", both, tool_choice="required", parallel_tool_calls=False),
         fresh("r2", one, tool_choice="function:get_time", parallel_tool_calls=False),
         fresh("r3", one, tool_choice="function:rm_rf"),
     ])
 
 
-def test_the_worker_sends_a_call_as_tool_calls(seat: Any) -> None:
-    """An answer that holds a call (here: a continued answer whose tokens so far are the
-    call, which the client does not have yet): the call's text never reaches the client,
-    the call does, the Final says tool_calls; without tools (or with tool_choice none)
-    the same answer is text."""
+def test_the_worker_continues_an_answer_after_its_call(seat: Any) -> None:
+    """The seat that began the answer sent a call (and, for c2, text the client still
+    lacks) and failed: this seat sends only what is new, no call again, and the answer's
+    finish_reason still says tool_calls.  With tool_choice none the same tokens are text
+    (the same prompt lists the tools, so the same answer follows)."""
     frames, _ = seat
-    final = frames["t1"][-1]
-    assert isinstance(final, protocol.Final) and isinstance(final.outcome, protocol.Ok)
-    assert final.finish_reason == "tool_calls"
-    calls = [c for ch in chunks(frames["t1"]) for c in ch.tool_calls]
-    assert [(c.index, c.id, c.name, json.loads(c.arguments)) for c in calls] == \
-        [(0, call_id("t1", 0), "get_time", {"timezone": "UTC"})]
-    text = sent(frames["t1"])
-    assert "<tool_call>" not in text
-    # tool_choice none: the same prompt (the tools are listed), the same answer, as text
-    assert (sent(frames["t2"]), frames["t2"][-1].finish_reason) == (CALL + text, "stop")
+    for rid, lacks in (("t1", ""), ("c2", "\nOK")):
+        final = frames[rid][-1]
+        assert isinstance(final, protocol.Final) and isinstance(final.outcome, protocol.Ok)
+        assert final.finish_reason == "tool_calls"
+        assert not any(c.tool_calls for c in chunks(frames[rid]))
+        assert sent(frames[rid]).startswith(lacks) and "tool_call" not in sent(frames[rid])
+    assert (sent(frames["t2"]), frames["t2"][-1].finish_reason) == \
+        (CALL + sent(frames["t1"]), "stop")
     assert sent(frames["t3"]).startswith(CALL)
     assert frames["t3"][-1].finish_reason != "tool_calls"
     for rid in ("t2", "t3"):
@@ -384,5 +415,6 @@ def test_a_grammar_refusal_is_a_400_naming_its_parameter(seat: Any) -> None:
 
 def test_the_seat_counts_calls_and_constrained_requests(seat: Any) -> None:
     _, counters = seat
-    assert (counters["tool_calls"], counters["tool_parse_failures"]) == (3, 0)
+    # the calls of continued answers were their first seat's
+    assert (counters["tool_calls"], counters["tool_parse_failures"]) == (2, 0)
     assert counters["constrained"] == 2
