@@ -65,16 +65,20 @@ def merged(first: Chunk, frames: deque[SeatFrame]) -> Chunk:
     commit together, the counts of the last (a burst becomes one write downstream)."""
     texts = [first.text]
     ids = list(first.ids)
+    calls = list(first.tool_calls)
+    logprobs = list(first.logprobs)
     last = first
     while frames and type(frames[0]) is Chunk:
         nxt = frames.popleft()
         assert isinstance(nxt, Chunk)
         texts.append(nxt.text)
         ids.extend(nxt.ids)
+        calls.extend(nxt.tool_calls)
+        logprobs.extend(nxt.logprobs)
         last = nxt
     return Chunk(first.request_id, "".join(texts), last.completion_tokens, last.served_if_ok,
                  last.speculation or first.speculation, last.fingerprint or first.fingerprint,
-                 tuple(ids))
+                 tuple(ids), tool_calls=tuple(calls), logprobs=tuple(logprobs))
 
 
 class Inbox:
