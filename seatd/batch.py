@@ -639,12 +639,15 @@ class Engine:
                     else spec.stats.expected_tokens(depth))
         return depth, expected
 
-    def _sample(self, logits: mx.array, rows: list[Row]) -> mx.array:
+    def _sample(self, logits: mx.array, rows: list[Row],
+                masks: dict[int, mx.array] | None = None) -> mx.array:
         """One token per row of logits (B, V), each by its row's own rule and position,
-        from its shaped logits."""
+        from its shaped logits (`masks`: the grammar rows' masks now, by row)."""
         if any(r.shaper is not None for r in rows):
+            masks = masks or {}
             logits = mx.concatenate([
-                r.shaper.shape(logits[b : b + 1]) if r.shaper is not None
+                r.shaper.apply(logits[b : b + 1], r.shaper.counts, masks.get(b))
+                if r.shaper is not None and not r.answer.done
                 else logits[b : b + 1].astype(mx.float32) for b, r in enumerate(rows)])
         greedy = mx.argmax(logits, axis=-1)
         if all(r.params.temperature == 0 for r in rows):
@@ -662,12 +665,13 @@ class Engine:
         B = len(rows)
         # A grammar's mask needs its last token: such rows' tokens are read first.
         self._read(rows, [b for b, r in enumerate(rows) if r.unread and r.grammar is not None])
+        masks = self._masks(rows)
         feeds = [r.feed for r in rows]
         x = mx.concatenate(feeds)[:, None]  # type: ignore[arg-type]
         lane.cache.begin([1] * B, 1)
         logits = self.model(x, cache=lane.cache.layers)[:, -1, :]
         lane.cache.end()
-        new = self._sample(logits, rows)
+        new = self._sample(logits, rows, masks)
         pending = [new]
         new_lps: list[tuple[mx.array, ...] | None] = []
         for b, r in enumerate(rows):
@@ -685,6 +689,20 @@ class Engine:
             r.feed, r.feed_lp = new[b : b + 1], new_lps[b]
             r.unread = True
             r.issued += 1
+
+    def _masks(self, rows: list[Row]) -> dict[int, mx.array]:
+        """The grammar rows' masks now; a grammar that fails ends its row alone."""
+        out: dict[int, mx.array] = {}
+        for b, r in enumerate(rows):
+            grammar = r.grammar
+            if grammar is None or r.answer.done:
+                continue
+            try:
+                out[b] = grammar.mask()
+            except Exception as exc:
+                log.warning("grammar_failed", error=repr(exc), request_id=r.rid)
+                self._finish(r, exc)
+        return out
 
     def _read(self, rows: list[Row], which: list[int],
               feeds: list[mx.array | None] | None = None) -> None:
@@ -775,13 +793,21 @@ class Engine:
         masks: list[mx.array | None] = []
         for r, d in zip(rows, drafts, strict=True):
             grammar = r.grammar
-            if grammar is None or d is None:
+            if grammar is None or r.answer.done:
                 limits.append(d.k if d is not None else 0)
                 masks.append(None)
                 continue
-            along, allowed = grammar.masks_along(_ints(d.tokens))
+            try:
+                if d is None:
+                    along, allowed = grammar.mask()[None], 0
+                else:
+                    along, allowed = grammar.masks_along(_ints(d.tokens))
+            except Exception as exc:  # the grammar broke: this row ends, the batch goes on
+                log.warning("grammar_failed", error=repr(exc), request_id=r.rid)
+                self._finish(r, exc)
+                along, allowed = None, 0
             limits.append(allowed)
-            masks.append(along[: allowed + 1])
+            masks.append(along[: allowed + 1] if along is not None else None)
         widths = [1 + lim for lim in limits]
         n = max(widths)
         pad = mx.zeros((n,), dtype=mx.uint32)
@@ -798,17 +824,21 @@ class Engine:
         lane.cache.end()
         verdicts: list[tuple[mx.array, mx.array]] = []
         for b, (r, d, lim, mask) in enumerate(zip(rows, drafts, limits, masks, strict=True)):
+            shaped = r.shaper is not None and not r.answer.done
             if d is None or lim == 0:
                 first = logits[b : b + 1, 0, :]
-                if r.shaper is not None:
-                    first = r.shaper.shape(first)
+                if shaped:
+                    assert r.shaper is not None
+                    first = r.shaper.apply(first, r.shaper.counts,
+                                           mask[0] if mask is not None else None)
                 pick = (r.draws.token(first, r.params, r.issued) if r.params.temperature > 0
                         else mx.argmax(first, axis=-1))
                 verdicts.append((mx.array([0]), pick))
                 continue
             tokens = d.tokens[:lim]
             own = logits[b : b + 1, : lim + 1, :]
-            if r.shaper is not None:
+            if shaped:
+                assert r.shaper is not None
                 own = r.shaper.shape_block(own, tokens, mask)
             if r.params.temperature == 0:
                 verdicts.append(verify_greedy(own, tokens[None]))

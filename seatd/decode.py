@@ -17,6 +17,10 @@ Tokens come from one of two sources, consumed by the same loop below:
 Speculation declines, never fails: a drafter that raises hands the request to
 the plain source at the exact point it had reached.
 
+Penalties and logit_bias (`seatd.shaping`) shape the logits here as in the batch
+engine, in the plain step, at each verified position and in the drafter's proposal;
+grammars and log-probabilities are the engine's alone (the worker decodes there).
+
 Prefill runs in chunks whose boundaries sit at multiples of PREFILL_CHUNK in
 absolute position.  A request resumed from a cached prefix on that grid
 (`Resume`) therefore computes the rest in exactly the chunks a cold request
@@ -40,6 +44,7 @@ from seatd.adaptive import PARK_TOKENS, DepthStats, RoundPolicy, observe
 from seatd.answer import Answer
 from seatd.drafters import Drafter
 from seatd.sampling import Draws, Keyed, draws_for
+from seatd.shaping import Shaper
 from seatd.verify import draft_probs, verify_greedy, verify_sampled
 from shared.protocol import SamplingParams
 
@@ -171,13 +176,17 @@ def output_width(model: Any) -> int:
 
 
 def _plain(model: Any, cache: list[Any], y: int, params: SamplingParams, draws: Draws,
-           budget: int, position: int) -> Iterator[int]:
+           budget: int, position: int, shaper: Shaper | None = None) -> Iterator[int]:
     """Target-only decoding from the unfed token `y`, pipelined one step ahead; the first
     token yielded is answer position `position`."""
 
     def step(tokens: mx.array, at: int) -> mx.array:
         logits = model(tokens[None], cache=cache)[:, -1, :]
-        return draws.token(logits, params, at)
+        if shaper is None:
+            return draws.token(logits, params, at)
+        token = draws.token(shaper.shape(logits), params, at)
+        shaper.advance(token)
+        return token
 
     nxt = step(mx.array([y], dtype=mx.uint32), position)
     mx.async_eval(nxt)  # type: ignore[no-untyped-call]  # MLX ships it unannotated
@@ -191,7 +200,7 @@ def _plain(model: Any, cache: list[Any], y: int, params: SamplingParams, draws: 
 
 def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
                  params: SamplingParams, draws: Draws, budget: int, context_room: int,
-                 report: SpecReport) -> Iterator[int]:
+                 report: SpecReport, shaper: Shaper | None = None) -> Iterator[int]:
     """Speculative rounds; `produced` is also the answer position of the next token."""
     drafter = spec.drafter
     assert drafter is not None
@@ -202,7 +211,7 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
         if policy is not None and wanted == 0:
             # Parked: a burst of pipelined plain tokens, then a probe round.
             n = min(PARK_TOKENS, budget - produced)
-            burst = _plain(model, cache, y, params, draws, n, produced)
+            burst = _plain(model, cache, y, params, draws, n, produced, shaper)
             spent = 0.0  # decoding time only, not the consumer's between tokens
             for _ in range(n):
                 started = time.perf_counter()
@@ -222,15 +231,24 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
         draft = None
         if k > 0:
             try:
-                draft = drafter.propose(k, params, draws, produced)
+                if shaper is not None:
+                    draft = drafter.propose(k, params, draws, produced, shaper=shaper)
+                else:
+                    draft = drafter.propose(k, params, draws, produced)
             except Exception as exc:  # a drafter's fault is a decline, never a failure
                 log.warning("drafter_failed", error=repr(exc))
                 report.state = "declined:drafter_error"
-                yield from _plain(model, cache, y, params, draws, budget - produced, produced)
+                yield from _plain(model, cache, y, params, draws, budget - produced, produced,
+                                  shaper)
                 return
         if draft is None or draft.k == 0:
             logits = model(mx.array([[y]], dtype=mx.uint32), cache=cache)[:, -1, :]
-            token = scalar(draws.token(logits, params, produced))
+            if shaper is not None:
+                logits = shaper.shape(logits)
+            picked = draws.token(logits, params, produced)
+            if shaper is not None:
+                shaper.advance(picked)
+            token = scalar(picked)
             observe(spec.stats, 0, 0, time.perf_counter() - started)
             drafter.plain(token)
             produced += 1
@@ -240,6 +258,8 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
         block = mx.concatenate([mx.array([y], dtype=mx.uint32), draft.tokens])
         with recurrent.recording():  # recurrent layers keep what rolling back needs
             logits = model(block[None], cache=cache)  # (1, k+1, V)
+        if shaper is not None:
+            logits = shaper.shape_block(logits, draft.tokens, None)
         if params.temperature == 0:
             n_arr, t_arr = verify_greedy(logits, draft.tokens[None])
         elif isinstance(draws, Keyed):
@@ -260,6 +280,8 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
             # Rejected drafts would stay in the cache: never answer from a wrong state.
             raise RuntimeError(f"rollback of {drafted - kept} tokens failed")
         drafter.settle(kept, drafted, token, tokens)
+        if shaper is not None:
+            shaper.advance(mx.array([*tokens[:kept], token], dtype=mx.uint32))
         observe(spec.stats, drafted, kept, time.perf_counter() - started)
         if policy is not None:
             policy.observe(drafted, kept)
@@ -297,7 +319,9 @@ def decode(
     prompt = mx.array(list(prompt_ids), dtype=mx.uint32)
     n_prompt = len(prompt_ids)
     budget = min(params.max_tokens, max(context_length - n_prompt, 0))
-    draws = draws_for(params, width if width is not None else output_width(model))
+    width = width if width is not None else output_width(model)
+    draws = draws_for(params, width)
+    shaper = Shaper.for_row(params, width, prompt_ids)
     report = SpecReport()
 
     def send(text: str, count: int) -> None:
@@ -312,10 +336,13 @@ def decode(
     y = int(prompt_ids[-1])
     source: Iterator[int]
     if spec is None or (spec.drafter is None and spec.decline is None):
-        source = _plain(model, cache, y, params, draws, budget, 0)
+        source = _plain(model, cache, y, params, draws, budget, 0, shaper)
     elif spec.decline is not None or spec.drafter is None or spec.depth == 0:
         report.state = f"declined:{spec.decline or 'not_profitable'}"
-        source = _plain(model, cache, y, params, draws, budget, 0)
+        source = _plain(model, cache, y, params, draws, budget, 0, shaper)
+    elif shaper is not None and not getattr(spec.drafter, "shapes", False):
+        report.state = "declined:constrained"  # a drafter that cannot shape
+        source = _plain(model, cache, y, params, draws, budget, 0, shaper)
     else:
         # Until a round verifies a draft (a lookup drafter may find nothing to copy).
         report.state = "declined:no_proposal"
@@ -324,13 +351,13 @@ def decode(
             if cancelled():
                 raise DecodeCancelled
             source = _speculative(model, cache, y, spec, params, draws, budget,
-                                  context_length - n_prompt, report)
+                                  context_length - n_prompt, report, shaper)
         except DecodeCancelled:
             raise
         except Exception as exc:
             log.warning("drafter_failed", error=repr(exc))
             report.state = "declined:drafter_error"
-            source = _plain(model, cache, y, params, draws, budget, 0)
+            source = _plain(model, cache, y, params, draws, budget, 0, shaper)
 
     started = time.perf_counter()
     for token in source:

@@ -172,9 +172,11 @@ class Shaper:
             logits = logits + fit(self.bias, w, 0.0)
         return logits
 
-    def shape(self, logits: mx.array) -> mx.array:
-        """One position's logits (1, w) or (w,) at the row's current state."""
-        mask = self.grammar.mask() if self.grammar is not None else None
+    def shape(self, logits: mx.array, mask: mx.array | None = None) -> mx.array:
+        """One position's logits (1, w) or (w,) at the row's current state; under a
+        grammar, its `mask()` now unless the caller has it already."""
+        if mask is None and self.grammar is not None:
+            mask = self.grammar.mask()
         return self.apply(logits, self.counts, mask)
 
     def shape_block(self, logits: mx.array, drafts: mx.array, masks: mx.array | None

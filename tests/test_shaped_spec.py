@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+import msgspec
 import numpy as np
 import pytest
 
 from seatd.adaptive import DepthStats
 from seatd.batch import Engine, Work
-from seatd.decode import DecodeResult, Speculation, make_cache, output_width
+from seatd.decode import DecodeResult, Speculation, decode, make_cache, output_width
 from seatd.drafters import Draft, LookupDrafter, ModelDrafter
 from seatd.kv_budget import KVBudget
 from seatd.sampling import Draws
@@ -67,8 +68,10 @@ class Unshaping(ModelDrafter):
         return super().propose(k, params, draws, position)
 
 
-def serve(pair: tuple[Any, Any, Any], asks: Sequence[Ask]) -> list[Got]:
-    """Every ask as a row of one engine, decoded to the end."""
+def serve(pair: tuple[Any, Any, Any], asks: Sequence[Ask], failing: bool = False
+          ) -> list[Got]:
+    """Every ask as a row of one engine, decoded to the end (without an error, unless
+    `failing`)."""
     model, tok, drafter_model = pair
     engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
     out = [Got() for _ in asks]
@@ -96,7 +99,7 @@ def serve(pair: tuple[Any, Any, Any], asks: Sequence[Ask]) -> list[Got]:
     while any(g.result is None and g.error is None for g in out):
         engine.step()
     for g in out:
-        assert g.error is None, g.error
+        assert failing or g.error is None, g.error
     return out
 
 
@@ -211,6 +214,39 @@ def test_a_grammar_holds_on_every_path(pair: tuple[Any, Any, Any]) -> None:
     assert _result(got[3]).speculation.state == "declined:constrained"
 
 
+class BrokenMatcher(FakeMatcher):
+    """A grammar whose second mask raises, as a matcher in its error state does."""
+
+    calls = 0
+
+    def _count(self) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("grammar fault")
+
+    def mask(self) -> mx.array:
+        self._count()
+        return super().mask()
+
+    def masks_along(self, tokens: Sequence[int]) -> tuple[mx.array, int]:
+        self._count()
+        return super().masks_along(tokens)
+
+
+def test_a_failing_grammar_ends_its_row_only(pair: tuple[Any, Any, Any]) -> None:
+    """A grammar that raises ends its own row with that error, plain or speculative;
+    the rows beside it answer as they would alone."""
+    model, _, _ = pair
+    width = output_width(model)
+    params = SamplingParams(max_tokens=8, temperature=0)
+    alone = _result(serve(pair, [Ask(params)])[0]).text
+    for drafter in (None, "lookup"):
+        got = serve(pair, [Ask(params, grammar=BrokenMatcher(width, set()), drafter=drafter),
+                           Ask(params)], failing=True)
+        assert isinstance(got[0].error, RuntimeError) and got[0].result is None
+        assert _result(got[1]).text == alone, drafter
+
+
 def test_a_finished_grammar_ends_the_answer(pair: tuple[Any, Any, Any]) -> None:
     """A grammar that allows five tokens and then only the end: the answer stops there,
     on the plain path and the speculative one alike."""
@@ -279,3 +315,49 @@ def test_rejection_sampling_follows_the_shaped_target(pair: tuple[Any, Any, Any]
         bad, bad_df = chi_square(emitted(wrong, seed), probs, TRIALS)
         print(f"{name} verifier: chi2={bad:.1f} df={bad_df} critical={chi2_critical(bad_df):.1f}")
         assert bad > chi2_critical(bad_df), name
+
+
+def test_a_json_schema_answer_does_not_depend_on_speculation(
+        pair: tuple[Any, Any, Any]) -> None:
+    """With the seat's real grammar (seatd.grammar, llguidance) a seeded answer under a
+    JSON schema parses, and is the same bytes plain, with the model drafter (alone and
+    beside another constrained row) and with lookup."""
+    import json
+
+    from seatd.grammar import SeatGrammar
+
+    model, tok, _ = pair
+    grammars = SeatGrammar(tok, output_width(model))
+    schema = {"type": "object", "required": ["name", "n"], "additionalProperties": False,
+              "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}}
+    fmt = json.dumps({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    params = SamplingParams(max_tokens=40, temperature=0.7, seed=4, frequency_penalty=0.3)
+    request = Generate("g", False, params, prompt="", response_format=fmt)
+    kinds = ((None, True), ("model", True), ("lookup", True), ("model", False),
+             ("model", False))
+    got = serve(pair, [Ask(params, prompt="A person as JSON: ", drafter=k, depth=3,
+                           grammar=grammars.for_request(request), solo=solo)
+                       for k, solo in kinds])
+    text = _result(got[0]).text
+    assert set(json.loads(text)) == {"name", "n"}
+    for (kind, solo), g in zip(kinds, got, strict=True):
+        assert _result(g).text == text, (kind, solo)
+        assert _result(g).finish_reason == "stop"
+    assert all(_result(g).speculation.state == "accelerated" for g in got[1:])
+
+
+def test_the_single_request_decoder_shapes_alike(pair: tuple[Any, Any, Any]) -> None:
+    """seatd.decode (tests, measure.py) applies the same penalties and bias: its seeded
+    answer is the engine's, plain and with a model drafter."""
+    model, tok, drafter_model = pair
+    params = msgspec.structs.replace(SHAPED, logprobs=None)
+    ref = _result(serve(pair, [Ask(params, solo=True)])[0]).text
+    ids = tok.encode(PROMPT)
+    for spec in (None, Speculation(ModelDrafter(drafter_model), 3, DepthStats()),
+                 Speculation(Unshaping(drafter_model), 3, DepthStats())):
+        got = decode(model, tok, ids, params, kv="fp16", context_length=2048, spec=spec)
+        assert got.text == ref
+        if spec is not None:
+            want = ("declined:constrained" if isinstance(spec.drafter, Unshaping)
+                    else "accelerated")
+            assert got.speculation.state == want
