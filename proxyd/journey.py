@@ -21,9 +21,10 @@ is passed over at once (`failed:not_ready`): the first ready rung answers.
 A request no rung answered before commit ends with the conclusion's error, raised;
 a stream that began and that no later rung could finish ends with an `Abort`.  A
 stream under a constraint (`constraint`: tools the model may call, a response_format)
-is never continued by another rung: the continuing rung would have to resume the
-grammar and the tool-call parsing mid-answer, from text another seat wrote, which no
-rung can do exactly today, so such a stream that breaks ends with its `Abort` at once.
+is continued only where the constraint holds across the seam (`may_continue`): by a
+local seat given the answer's exact tokens, whose grammar starts past them and whose
+tool-call parser replays them.  A hosted rung, or a seat given only the text (another
+tokenizer, a hosted rung's text), is passed over as `skipped:constrained`.
 
 The front door tells the journey when its client went away (`left()`) and then
 stops iterating; closing the iterator ends the seat's attempt (its work is
@@ -80,9 +81,19 @@ from shared.protocol import (
 log = structlog.get_logger()
 
 
+def may_continue(gen: Generate, hosted: bool) -> bool:
+    """Whether a rung may be given `gen`, a begun answer to continue: any rung for free
+    text; under a constraint only a local seat given the answer's exact tokens
+    (`gen.prefix_ids`).  From the text alone a seat's grammar and tool-call parser could
+    not resume where the answer is (the calls the client got are not in its text), and
+    a hosted rung takes a prefill without either."""
+    return constraint(gen) is None or (not hosted and gen.prefix_ids is not None)
+
+
 def constraint(gen: Generate) -> str | None:
-    """What holds a request's answer to a shape, so that no other rung may continue it
-    after the commit: "response_format", "tools" (tools the model may call), or None."""
+    """What holds a request's answer to a shape, so that after the commit only a rung
+    that can resume it exactly may continue it: "response_format", "tools" (tools the
+    model may call), or None."""
     if gen.response_format is not None:
         return "response_format"
     if gen.tools_json is not None and gen.tool_choice != "none":
@@ -141,13 +152,15 @@ class Journey:
         answer: Answer | None = None
         broke: tuple[str, Failed | Rejected] | None = None  # the last rung that failed
         over_cap: list[dict[str, str | int]] = []  # continuations too long for a rung
-        unbound = True  # False: a constrained stream broke, and no rung may continue it
         for i, name in enumerate(self.plan.rungs):
             self.seat = name
             seat_cfg = proxy.seats[name]
             client = proxy.clients[name]
             gen = self.request_for(name)
             if self.committed:
+                if not may_continue(gen, hosted=not isinstance(client, SeatClient)):
+                    self.record(name, Skipped("constrained"))
+                    continue
                 memo = {}  # a longer prompt: counted again for every rung
             pong = client.pong if isinstance(client, SeatClient) else None
             verdict = await proxy.admission.judge(seat_cfg, gen, memo,
@@ -267,7 +280,6 @@ class Journey:
                         # answer: the error to report stays the one of the rung that did.
                         if segment in self.segments:
                             broke = (name, outcome)
-                        unbound = constraint(self.gen) is None
                         break
                     if step is Step.STOP:
                         return
@@ -297,8 +309,6 @@ class Journey:
                     return
             if not self.committed:
                 self.segments.clear()  # nothing of a failed sync attempt is kept
-            elif not unbound:
-                break  # a constrained stream is not continued (see the docstring)
         if self.committed:
             # The answer began and no rung could finish it: an honest end, naming the
             # rung that broke and listing every try.
@@ -306,8 +316,10 @@ class Journey:
             seat, outcome = broke
             counters.inc("midstream_aborts")
             answer.segments = [seg.body() for seg in self.segments]
-            why = "no rung could finish it" if unbound else \
-                f"an answer under {constraint(self.gen)} is not continued by another rung"
+            bound = constraint(self.gen)
+            why = "no rung could finish it" if bound is None else \
+                f"no rung could finish it under its {bound} (only a local seat given " \
+                "the answer's exact tokens may)"
             yield Abort(f"seat {seat} failed after the answer began "
                         f"({outcome_label(outcome)}) and {why}; the answer is incomplete",
                         "midstream_failure", seat, attempts_header(self.attempts),

@@ -8,9 +8,10 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
-from proxyd.journey import constraint
+from proxyd.journey import constraint, may_continue
 from proxyd.openai_api import (
     ChatRequest,
     CompletionRequest,
@@ -357,7 +358,30 @@ def test_a_refused_body_with_unknown_fields_gets_the_right_error() -> None:
               response_format='{"type":"json_object"}'), "response_format"),
     (Generate("r", True, SamplingParams(logprobs=3)), None),
 ])
-def test_which_streams_are_never_continued(gen: Generate, bound: str | None) -> None:
-    """A stream under a constraint (callable tools, a response_format) is not continued
-    by another rung after its commit; free text (tools it may not call too) is."""
+def test_which_answers_are_under_a_constraint(gen: Generate, bound: str | None) -> None:
+    """Callable tools and a response_format hold an answer to a shape; free text (with
+    tools it may not call too) and log-probabilities do not."""
     assert constraint(gen) == bound
+
+
+FREE = Generate("r", True, SamplingParams(), prefix="t1 ")
+SHAPED = msgspec.structs.replace(FREE, response_format='{"type":"json_object"}')
+CALLING = msgspec.structs.replace(FREE, tools_json="[]", tool_choice="auto")
+
+
+@pytest.mark.parametrize(("gen", "hosted", "may"), [
+    (FREE, False, True),
+    (FREE, True, True),
+    (SHAPED, False, False),  # the text alone: the grammar could not start past it
+    (msgspec.structs.replace(SHAPED, prefix_ids=(1,)), False, True),
+    (msgspec.structs.replace(SHAPED, prefix_ids=(1,)), True, False),
+    (SHAPED, True, False),
+    (CALLING, False, False),  # the calls the client got are not in its text
+    (msgspec.structs.replace(CALLING, prefix_ids=(1,)), False, True),
+    (msgspec.structs.replace(CALLING, prefix_ids=(1,)), True, False),
+])
+def test_which_rungs_may_continue_a_begun_answer(gen: Generate, hosted: bool,
+                                                 may: bool) -> None:
+    """After the commit, free text goes to any rung; a constrained answer only to a
+    local seat given its exact tokens."""
+    assert may_continue(gen, hosted) is may

@@ -1,7 +1,8 @@
 """Tool calls, log-probabilities and echo as the OpenAI doors render them, read back
 by the official openai SDK's own types and stream accumulator; then end to end through
 a real proxyd in front of fake seats that send tool calls and log-probabilities, with
-X-Sanctum-Ignored and its counter, and a constrained stream that is never continued."""
+X-Sanctum-Ignored and its counter, and a constrained stream continued only from its
+exact tokens."""
 
 from __future__ import annotations
 
@@ -265,27 +266,45 @@ def test_unknown_fields_are_named_on_answers_and_errors_and_counted(rig: Rig) ->
         in metrics
 
 
-def test_a_constrained_stream_is_not_continued_by_another_rung() -> None:
-    """A seat that dies mid-stream under a response_format (or callable tools) ends the
-    stream with the terminal error event, no [DONE]; the next rung is never asked to
-    continue what it could not hold to the constraint."""
+def stream(rig: Rig, model: str, **body: Any) -> tuple[list[str], dict[str, Any]]:
+    """The SSE events of a streamed chat, and the JSON of the last one."""
+    code, _, raw = http("POST", rig.url + "/v1/chat/completions",
+                        body={"model": model, "messages": MSG, "stream": True, **body})
+    events = [e for e in raw.decode().split("\n\n") if e]
+    last = [e for e in events if "data: {" in e][-1]
+    assert code == 200
+    return events, json.loads(last.split("data: ", 1)[1])
+
+
+CONSTRAINTS: list[dict[str, Any]] = [{"response_format": {"type": "json_object"}},
+                                     {"tools": TOOLS, "tool_choice": "auto"}]
+
+
+def test_a_constrained_stream_is_continued_only_from_its_exact_tokens() -> None:
+    """A seat that dies mid-stream under a response_format or callable tools: the next
+    local seat, given the answer's exact tokens, finishes it; the hosted rung, which
+    could not be held to the constraint from a prefill, is passed over
+    (`skipped:constrained`) and the stream ends with the terminal error, no [DONE]."""
     r = Rig({"brain": "crash_midstream", "coder": "ok"})
     try:
-        url = r.url + "/v1/chat/completions"
-        for constraint in ({"response_format": {"type": "json_object"}},
-                           {"tools": TOOLS, "tool_choice": "auto"}):
-            code, _, body = http("POST", url, body={"model": "private", "messages": MSG,
-                                                    "stream": True, **constraint})
-            events = [e for e in body.decode().split("\n\n") if e]
-            assert code == 200 and events[-1].startswith("event: error")
-            assert "data: [DONE]" not in body.decode()
-            error = json.loads(events[-1].split("data: ", 1)[1])["error"]
-            name = next(iter(constraint))
-            assert error["code"] == "midstream_failure" and error["seat"] == "brain"
-            assert f"under {'tools' if name == 'tools' else name}" in error["message"]
-            assert error["attempts"] == "brain=failed:worker_lost"
-            assert r.events("coder", "generate") == []
+        for constraint in CONSTRAINTS:
+            events, last = stream(r, "private", **constraint)
+            assert "data: [DONE]" in events and events[-1].startswith("event: sanctum")
+            assert last["sanctum"]["attempts"] == "brain=failed:worker_lost; coder=ok"
             r.start_fake("brain", "crash_midstream")
-        assert r.counters()["proxy"]["midstream_aborts"] == 2
+        asked = r.events("coder", "generate")
+        assert [g["prefix"] for g in asked] == ["t1 t2 t3 "] * 2
+        # (once: a third failure of brain opens its circuit; the tools case is the same
+        # rule, `may_continue`'s table)
+        r.start_fake("coder", "crash_midstream")
+        events, last = stream(r, "open", **CONSTRAINTS[0])
+        assert events[-1].startswith("event: error")
+        error = last["error"]
+        assert error["code"] == "midstream_failure" and error["seat"] == "brain"
+        assert "under its response_format" in error["message"]
+        assert error["attempts"] == ("brain=failed:worker_lost; "
+                                     "coder=failed:worker_lost; hosted=skipped:constrained")
+        assert r.upstream.requests == []
+        assert r.counters()["proxy"]["midstream_aborts"] == 1
     finally:
         r.stop()

@@ -26,7 +26,9 @@ A request that asks for log-probabilities (`params.logprobs` = k) gets one
 TokenLogprob per chunk's token: token "tN " at -0.25 * N, with k alternatives ("tN "
 itself first, then "altJ" at one less each).  A request that continues an answer
 (`Generate.prefix`, "t1 t2 t3 ") goes on from the next token ("t4 "), as a seat with
-the same weights would.  Every request, cancel and token is appended to the JSONL
+the same weights would; each chunk carries its token's id (N for "tN "), as a real
+seat's does, so that a fake (every fake's tokenizer is "fake") is given the exact
+tokens of an answer it continues.  Every request, cancel and token is appended to the JSONL
 log for the test to read.
 It builds on the seat side of the protocol (shared/seat_side.py), as the null seat does.
 """
@@ -149,7 +151,7 @@ class FakeSeat:
             n += 1
             begun = len((req.prefix or "").split())
             calls = self.calls(req) if n >= self.tokens else ()
-            self.send(identity, Chunk(rid, f"t{n} ", n - begun, self.served + 1,
+            self.send(identity, Chunk(rid, f"t{n} ", n - begun, self.served + 1, ids=(n,),
                                       tool_calls=calls, logprobs=logprobs(req, n)))
             self.active[rid] = (identity, n, req)
             if n >= self.tokens:
