@@ -25,7 +25,7 @@ from sanctum.bench.stats import (
 )
 
 ORDER = ["stack", "mlx-server", "proxy", "spec", "cache", "rollback", "rules", "flips",
-         "batching", "hop", "neighbours"]
+         "batching", "hop", "neighbours", "grammar"]
 SECTION = {
     "stack": "1. Our stack against the same model in-process",
     "mlx-server": "2. Our stack against mlx_lm.server",
@@ -38,6 +38,7 @@ SECTION = {
     "batching": "9. Concurrent clients: our seat against mlx_lm.server batching",
     "hop": "10. The proxy hop: direct, nginx and proxyd",
     "neighbours": "11. Neighbours: a seeded answer alone against batched with 7 others",
+    "grammar": "12. Structured output: decoding under a JSON schema",
 }
 # Which figures each comparison reports, and its goals (speed ratio, arm over baseline).
 SHOWN = {
@@ -91,6 +92,10 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
         from sanctum.bench.batching import headline as batching_headline
 
         return batching_headline(run)
+    if run.comparison == "grammar":
+        from sanctum.bench.grammar import headline as grammar_headline
+
+        return grammar_headline(run)
     if run.comparison == "rollback":
         r = pair_ratios(run.samples, "round_s", arm, base)
         if r:
@@ -300,6 +305,10 @@ def section(run: Run, plot: str | None, name: str | None = None) -> list[str]:
         from sanctum.bench.hop import section as hop_table
 
         lines += [*hop_table(run), ""]
+    elif run.comparison == "grammar":
+        from sanctum.bench.grammar import table as grammar_table
+
+        lines += [*grammar_table(run), ""]
     else:
         lines += [*_table(run, warnings), ""]
     lines += spec_against_mlx(run)
