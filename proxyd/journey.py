@@ -3,7 +3,8 @@
     Journey(proxy, route, gen, offbox_header, gone).events() -> AsyncIterator[Event]
 
 This is plumbing: every decision is a pure function elsewhere (which rungs may
-be tried: `ladder.plan`; whether the prompt fits a rung: `Admission.judge` and
+be tried: `ladder.plan`; whether the rung can honour every field of the request:
+`ladder.unsupported`; whether the prompt fits a rung: `Admission.judge` and
 `caps`; whether the rung's circuit admits it: `breaker.admit`; what an
 attempt's end means before and after commit: `ladder.decide`; what it tells the
 circuit: `ladder.breaker_verdict`; what a continuing rung is asked:
@@ -45,6 +46,7 @@ import structlog
 from proxyd.conclusion import conclude
 from proxyd.events import Abort, Answer, Commit, Done, Event, Text
 from proxyd.ladder import (
+    UNSUPPORTED,
     Attempt,
     Phase,
     Segment,
@@ -58,6 +60,7 @@ from proxyd.ladder import (
     outcome_label,
     plan,
     prefix_ids,
+    unsupported,
 )
 from proxyd.load_wait import Waited, must_wait, wait_for_rung
 from proxyd.proxy import Proxy
@@ -157,6 +160,10 @@ class Journey:
             seat_cfg = proxy.seats[name]
             client = proxy.clients[name]
             gen = self.request_for(name)
+            field = unsupported(gen, seat_cfg)
+            if field is not None:  # never answered without a field it was given
+                self.record(name, Skipped(UNSUPPORTED, field=field))
+                continue
             if self.committed:
                 if not may_continue(gen, hosted=not isinstance(client, SeatClient)):
                     self.record(name, Skipped("constrained"))
