@@ -1,0 +1,251 @@
+"""Tool calls and structured output through `sanctum up`, as the official openai SDK sees
+them, on the packaged default config (the demo pair, adaptive speculation).
+
+The demo model never learned a tool syntax: `tool_choice: "required"` makes the seat
+constrain its answer to a call of one of the tools, with arguments that match the tool's
+schema, so the call always parses and validates.  A `response_format` json_schema answer
+always parses and validates, on every seed.  A seed fixes each of them byte for byte
+whether the seat speculates or not, and with speculation on the seat really speculates
+under the grammar.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from tests.procs import Sanctum, free_port, packaged_config
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima", "Kyoto"]},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "unit", "days"],
+    "additionalProperties": False,
+}
+TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "get_weather",
+                                      "description": "The weather forecast of a city.",
+                                      "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time",
+                                      "description": "The local time of a city.",
+                                      "parameters": {
+                                          "type": "object",
+                                          "properties": {"city": {"type": "string",
+                                                                  "maxLength": 12}},
+                                          "required": ["city"],
+                                          "additionalProperties": False}}},
+]
+SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "pets": {"type": "array", "items": {"type": "string", "enum": ["cat", "dog", "fish"]},
+                 "maxItems": 3},
+        "member": {"type": "boolean"},
+    },
+    "required": ["name", "age", "pets", "member"],
+    "additionalProperties": False,
+}
+PERSON_FORMAT: Any = {"type": "json_schema",
+                      "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+
+
+@pytest.fixture(scope="module")
+def up() -> Iterator[Sanctum]:
+    port = free_port()
+    s = Sanctum(packaged_config(port), port=port)
+    try:
+        s.wait_ready(("demo",))
+        yield s
+    except BaseException:
+        s.kill_everything()
+        raise
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(up: Sanctum) -> openai.OpenAI:
+    return openai.OpenAI(base_url=up.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+
+def _sanctum(obj: Any) -> dict[str, Any]:
+    extra = obj.model_extra or {}
+    assert "sanctum" in extra, extra
+    return dict(extra["sanctum"])
+
+
+def _checked_call(call: Any) -> dict[str, Any]:
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name in SCHEMAS, call.function.name
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, SCHEMAS[call.function.name])
+    return {"name": call.function.name, "arguments": arguments}
+
+
+def _first_turn(client: openai.OpenAI, stream: bool, seed: int,
+                options: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The call the model makes, the assistant message as the SDK parsed it."""
+    args: dict[str, Any] = dict(
+        model="demo", messages=[{"role": "user", "content": "What is the weather in Oslo?"}],
+        tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0.7,
+        seed=seed, max_tokens=96,
+        extra_body={"sanctum": options})
+    if not stream:
+        r = client.chat.completions.create(**args)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        return choice.message, _sanctum(r)
+    with client.chat.completions.stream(**args) as s:  # the SDK's own stream parser
+        final = s.get_final_completion()
+    choice = final.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    return choice.message, {}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_round_trip_with_a_required_call(client: openai.OpenAI, stream: bool) -> None:
+    message, _ = _first_turn(client, stream, seed=3, options={})
+    assert message.tool_calls, message
+    calls = [_checked_call(c) for c in message.tool_calls]
+    history: list[Any] = [
+        {"role": "user", "content": "What is the weather in Oslo?"},
+        {"role": "assistant", "content": message.content,
+         "tool_calls": [c.model_dump() for c in message.tool_calls]},
+        *[{"role": "tool", "tool_call_id": c.id, "content": "4 degrees, light snow"}
+          for c in message.tool_calls],
+    ]
+    first = client.chat.completions.create(model="demo", messages=history[:1], tools=TOOLS,
+                                           tool_choice="none", max_tokens=1, temperature=0)
+    second = client.chat.completions.create(model="demo", messages=history, tools=TOOLS,
+                                            tool_choice="none", max_tokens=24, seed=3,
+                                            temperature=0.7)
+    choice = second.choices[0]
+    assert choice.finish_reason in ("stop", "length")
+    assert not choice.message.tool_calls and choice.message.content
+    # The second turn's prompt holds the call and its result, as the template rendered them.
+    assert first.usage is not None and second.usage is not None
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens + 8, (first.usage,
+                                                                        second.usage)
+    assert calls and all(c["name"] in SCHEMAS for c in calls)
+
+
+def test_a_seeded_tool_call_is_the_same_with_and_without_speculation(
+        client: openai.OpenAI) -> None:
+    answers = []
+    states = set()
+    for options in ({}, {"draft_depth": 3}, {"speculation": False}, {"draft_depth": 2}):
+        for stream in (False, True):
+            message, sanctum = _first_turn(client, stream, seed=11, options=options)
+            answers.append([_checked_call(c) for c in message.tool_calls])
+            if sanctum:
+                states.add((json.dumps(options), sanctum["speculation"]))
+    assert all(a == answers[0] for a in answers), answers
+    assert ('{"draft_depth": 3}', "accelerated") in states, states
+
+
+def _person(client: openai.OpenAI, seed: int, options: dict[str, Any]) -> tuple[str, str]:
+    r = client.chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "Describe a person as JSON."}],
+        response_format=PERSON_FORMAT, temperature=0.8, seed=seed, max_tokens=96,
+        extra_body={"sanctum": options})
+    choice = r.choices[0]
+    assert choice.finish_reason == "stop", (seed, choice)
+    return choice.message.content or "", _sanctum(r)["speculation"]
+
+
+def test_json_schema_answers_validate_on_twenty_seeds_and_do_not_depend_on_speculation(
+        client: openai.OpenAI) -> None:
+    states = []
+    texts = set()
+    for seed in range(20):
+        text, state = _person(client, seed, {})
+        jsonschema.validate(json.loads(text), PERSON)
+        texts.add(text)
+        states.append(state)
+        plain, off = _person(client, seed, {"speculation": False})
+        assert plain == text, (seed, plain, text)
+        assert off == "declined:disabled_by_request"
+        if seed % 5 == 0:  # a pinned depth speculates every round, under the grammar
+            pinned, how = _person(client, seed, {"draft_depth": 3})
+            assert pinned == text and how == "accelerated", (seed, how)
+    assert len(texts) > 10, texts  # the seeds really sample
+    assert "accelerated" in states, states  # the default adaptive seat speculated
+
+
+def test_json_object_mode_answers_parse(client: openai.OpenAI) -> None:
+    for seed in range(3):
+        r = client.chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "Give me a JSON object."}],
+            response_format={"type": "json_object"}, temperature=0.7, seed=seed,
+            max_tokens=64)
+        choice = r.choices[0]
+        if choice.finish_reason == "stop":
+            assert isinstance(json.loads(choice.message.content or ""), dict)
+        else:  # out of tokens mid-object: said so, never passed off as complete
+            assert choice.finish_reason == "length"
+
+
+def test_a_schema_the_grammar_cannot_take_is_a_400_naming_it(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}})
+    body: Any = err.value.body
+    assert "response_format" in json.dumps(body), body
+
+
+def test_log_probabilities_come_from_the_seat_sync_and_streamed(client: openai.OpenAI) -> None:
+    args: Any = dict(model="demo", messages=[{"role": "user", "content": "Say hello."}],
+                     max_tokens=12, temperature=0, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(**args)
+    choice = r.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.content
+    content = choice.logprobs.content
+    assert r.usage is not None and len(content) == r.usage.completion_tokens
+    for item in content:  # greedy: the token taken is the best of its alternatives
+        tops = [t.logprob for t in item.top_logprobs]
+        assert len(tops) == 3 and tops == sorted(tops, reverse=True)
+        assert item.logprob == pytest.approx(tops[0], abs=1e-4) and item.logprob <= 0
+    assert "".join(item.token for item in content) == choice.message.content
+    streamed = [item for chunk in client.chat.completions.create(**args, stream=True)
+                for c in chunk.choices if c.logprobs is not None and c.logprobs.content
+                for item in c.logprobs.content]
+    assert [(i.token, round(i.logprob, 4)) for i in streamed] == \
+        [(i.token, round(i.logprob, 4)) for i in content]
+
+
+def test_a_logit_bias_of_minus_100_removes_a_token(client: openai.OpenAI) -> None:
+    args: Any = dict(model="demo", messages=[{"role": "user", "content": "Count: 1 2 3"}],
+                     max_tokens=12, temperature=0, logprobs=True, top_logprobs=1)
+    free = client.chat.completions.create(**args)
+    assert free.choices[0].logprobs is not None and free.choices[0].logprobs.content
+    first = free.choices[0].logprobs.content[0].token
+    ids = _token_ids(client, first)
+    biased = client.chat.completions.create(**args, logit_bias={str(i): -100 for i in ids})
+    assert biased.choices[0].logprobs is not None and biased.choices[0].logprobs.content
+    tokens = [i.token for i in biased.choices[0].logprobs.content]
+    assert first not in tokens, (first, tokens)
+
+
+def _token_ids(client: openai.OpenAI, token: str) -> list[int]:
+    """The demo tokenizer's ids whose text is `token` (read with the seat's tokenizer)."""
+    from shared.builtin import resolve_model
+    from shared.prompt import load_tokenizer
+
+    tok = load_tokenizer(resolve_model("builtin:demo"))
+    return [i for i in range(len(tok.vocab)) if tok.decode([i]) == token]
