@@ -161,7 +161,7 @@ def test_a_seeded_shaped_answer_does_not_depend_on_speculation(
         for a, b in zip(g.logprobs, ref.logprobs, strict=True):
             assert a.logprob == pytest.approx(b.logprob, abs=1e-4), where
             assert [t for t, _ in a.top] == [t for t, _ in b.top], where
-    assert accelerated >= 8  # the model drafter's rows, at least, verified drafts
+    assert accelerated == len(asks)  # every row verified drafts (batched: the rows drafter)
 
 
 def test_logprobs_of_a_greedy_answer(pair: tuple[Any, Any, Any]) -> None:
