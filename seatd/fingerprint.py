@@ -2,7 +2,8 @@
 a seeded answer, and for nothing that cannot.
 
 In it: the weights and tokenizer (file contents), the compute dtype, the KV lane, the
-versions of MLX and mlx-lm, the platform and device, the keyed sampling rule and the
+versions of MLX, mlx-lm and llguidance (its masks decide a constrained answer's
+tokens), the platform and device, the keyed sampling rule and the
 prefill grid (both fix float reduction orders or draws).  Not in it: the drafter, the
 draft depth, the prompt cache, the seat's name or its restarts, since none of them
 changes a seeded answer (`seatd.sampling`).
@@ -44,5 +45,6 @@ def fingerprint(model: str, compute_dtype: str, kv: str, device: str, rule: str,
                 grid: int) -> str:
     """`fp_` and 16 hex digits naming (model digest, dtype, lane, stack, platform, rule)."""
     parts = [model, compute_dtype, kv, device, rule, str(grid),
-             _version("mlx"), _version("mlx-lm"), platform.system(), platform.machine()]
+             _version("mlx"), _version("mlx-lm"), _version("llguidance"), platform.system(),
+             platform.machine()]
     return "fp_" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
