@@ -88,7 +88,7 @@ def example_answer() -> str:
         "returns": "str",
         "pure": True,
         "summary": "Rename a parameter of a function and return the new source.",
-    }, indent=2)
+    })
 
 
 def answer_figures(text: str, schema: dict[str, Any]) -> dict[str, float]:
