@@ -19,7 +19,6 @@ before it was read.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -211,14 +210,16 @@ def _logit_bias(bias: dict[str, Any] | None) -> tuple[tuple[int, float], ...]:
     out: dict[int, float] = {}
     for key, value in bias.items():
         field = f"logit_bias.{sanitise(key)}"
-        token = int(key) if key.isascii() and key.isdigit() else -1
+        # At most 10 digits: MAX_TOKEN_ID has 10, and int() refuses 4,300 or more.
+        token = int(key) if key.isascii() and key.isdigit() and len(key) <= 10 else -1
         if not 0 <= token <= MAX_TOKEN_ID:
             raise BadRequest(f"logit_bias keys are token ids (0..{MAX_TOKEN_ID}) as "
                              f"strings; {key[:40]!r} is not one", param=field)
         if token in out:
             raise BadRequest(f"logit_bias names token {token} twice", param=field)
+        # Compared, never converted: a 400-digit integer is no float (NaN fails too).
         if (isinstance(value, bool) or not isinstance(value, int | float)
-                or not math.isfinite(value) or abs(value) > BIAS_LIMIT):
+                or not -BIAS_LIMIT <= value <= BIAS_LIMIT):
             raise BadRequest(f"a logit_bias value is a number from -{BIAS_LIMIT:g} to "
                              f"{BIAS_LIMIT:g}; got {str(value)[:40]}", param=field)
         out[token] = float(value)

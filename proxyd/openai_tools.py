@@ -79,7 +79,7 @@ class JsonObjectFormat(msgspec.Struct, frozen=True, tag="json_object", tag_field
 
 class JsonSchemaSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     name: Name
-    schema: dict[str, Any]
+    schema: dict[str, Any] | None = None  # absent: any JSON object, as OpenAI reads it
     description: str | None = None
     strict: bool | None = None
 
@@ -134,7 +134,7 @@ def response_format(fmt: ResponseFormat | None, limits: ProxyConfig) -> str | No
     field order, defaults left out); None: free text."""
     if fmt is None or isinstance(fmt, TextFormat):
         return None
-    if isinstance(fmt, JsonSchemaFormat):
+    if isinstance(fmt, JsonSchemaFormat) and fmt.json_schema.schema is not None:
         field = "response_format.json_schema.schema"
         lim.check_schema(field, lim.encoded_bytes(field, fmt.json_schema.schema), limits)
     return to_json("response_format", fmt)

@@ -93,6 +93,10 @@ GOOD: list[tuple[str, bytes, Callable[[Generate], bool]]] = [
      lambda g: g.response_format is None),
     ("response_format json_object", chat(response_format={"type": "json_object"}),
      lambda g: g.response_format == '{"type":"json_object"}'),
+    ("response_format json_schema without a schema: any object, as OpenAI reads it",
+     chat(response_format={"type": "json_schema", "json_schema": {"name": "n"}}),
+     lambda g: json.loads(g.response_format or "") == {
+         "type": "json_schema", "json_schema": {"name": "n"}}),
     ("response_format json_schema", chat(response_format={
         "type": "json_schema", "json_schema": {"name": "count", "schema": SCHEMA,
                                                "strict": True}}),
@@ -154,6 +158,9 @@ BAD: list[tuple[str, bytes, str]] = [
     ("logit_bias unsafe key named safely", chat(logit_bias={"a b\n": 1}), "logit_bias.a_b_"),
     ("logit_bias value > 100", chat(logit_bias={"5": 101}), "logit_bias.5"),
     ("logit_bias value a string", chat(logit_bias={"5": "1"}), "logit_bias.5"),
+    ("logit_bias key of 5,000 digits", chat(logit_bias={"9" * 5000: 1}),
+     "logit_bias." + "9" * 64),
+    ("logit_bias value of 400 digits", chat(logit_bias={"5": 10**400}), "logit_bias.5"),
     ("logit_bias value a bool", chat(logit_bias={"5": True}), "logit_bias.5"),
     ("logit_bias one token twice", chat(logit_bias={"5": 1, "05": 2}), "logit_bias.05"),
     ("logit_bias not an object", chat(logit_bias=[1]), "logit_bias"),
@@ -192,9 +199,6 @@ BAD: list[tuple[str, bytes, str]] = [
     ("response_format without type", chat(response_format={}), "response_format.type"),
     ("json_schema without its spec", chat(response_format={"type": "json_schema"}),
      "response_format.json_schema"),
-    ("json_schema without schema", chat(response_format={
-        "type": "json_schema", "json_schema": {"name": "s"}}),
-     "response_format.json_schema.schema"),
     ("json_schema schema not an object", chat(response_format={
         "type": "json_schema", "json_schema": {"name": "s", "schema": True}}),
      "response_format.json_schema.schema"),
