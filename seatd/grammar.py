@@ -133,8 +133,8 @@ def _read_json(text: str, param: str) -> Any:
         raise GrammarRefusal("invalid_value", f"{param} is not valid JSON: {e}", param) from e
 
 
-def response_format_plan(text: str | None) -> Plan | None:
-    """The grammar of a response_format (its JSON text), None for free text."""
+def format_schema(text: str | None) -> dict[str, Any] | bool | None:
+    """The JSON Schema a response_format (its JSON text) asks for, None for free text."""
     if text is None:
         return None
     fmt = _read_json(text, "response_format")
@@ -142,7 +142,7 @@ def response_format_plan(text: str | None) -> Plan | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return Plan(json_grammar({"type": "object"}), SCHEMA_PARAM)
+        return {"type": "object"}
     if kind != "json_schema":
         raise GrammarRefusal(
             "invalid_value",
@@ -161,7 +161,7 @@ def response_format_plan(text: str | None) -> Plan | None:
             "invalid_schema", "response_format.json_schema.schema must be a JSON Schema object",
             SCHEMA_PARAM,
         )
-    return Plan(json_grammar(schema), SCHEMA_PARAM)
+    return schema
 
 
 def _lark_text(text: str) -> str:
@@ -198,21 +198,26 @@ def _tools(tools_json: str | None) -> list[tuple[str, dict[str, Any] | bool]]:
     return out
 
 
-def _with_options(schema: dict[str, Any] | bool) -> dict[str, Any] | bool:
+def _with_options(schema: dict[str, Any] | bool, param: str) -> dict[str, Any] | bool:
     """A schema carrying our JSON options, for a %json inside a Lark grammar."""
     schema = _as_object(schema)
-    guidance = {**schema.get("x-guidance", {}), **JSON_OPTIONS, **JSON_OVERRIDES}
+    own = schema.get("x-guidance")
+    if own is not None and not isinstance(own, dict):
+        raise GrammarRefusal("invalid_schema", f"{param}: x-guidance must be an object", param)
+    guidance = {**(own or {}), **JSON_OPTIONS, **JSON_OVERRIDES}
     return {**schema, "x-guidance": guidance}
 
 
 def tool_call_plan(
     tools_json: str | None, choice: str, parallel: bool, family: str | None,
     start: str = TOOL_CALL_START, end: str = TOOL_CALL_END,
+    or_json: dict[str, Any] | bool | None = None,
 ) -> Plan:
     """The grammar of a forced tool call: `choice` is "required" or "function:NAME".
 
     `start`/`end` are the tags as grammar items: a literal's text, or `<[id]>` where the
-    tag is one special token of the tokenizer."""
+    tag is one special token of the tokenizer.  `or_json`: the answer may instead be one
+    JSON value of this schema (tools beside a response_format, tool_choice auto)."""
     if family not in (None, TOOL_FAMILY):
         raise GrammarRefusal(
             "tool_choice_unsupported",
@@ -220,11 +225,11 @@ def tool_call_plan(
             "is only enforced in json_tools syntax",
             "tool_choice",
         )
-    tools = _tools(tools_json)
+    indexed = list(enumerate(_tools(tools_json)))
     if choice.startswith("function:"):
         wanted = choice[len("function:"):]
-        tools = [t for t in tools if t[0] == wanted]
-        if not tools:
+        indexed = [(i, t) for i, t in indexed if t[0] == wanted]
+        if not indexed:
             raise GrammarRefusal(
                 "invalid_value", f"tool_choice names {wanted!r}, which is not among the tools",
                 "tool_choice",
@@ -232,18 +237,25 @@ def tool_call_plan(
     elif choice != "required":
         raise GrammarRefusal("invalid_value", f"tool_choice {choice!r} is not known",
                              "tool_choice")
-    if not tools:
+    if not indexed:
         raise GrammarRefusal("invalid_value", "tool_choice requires tools", "tool_choice")
     rules = []
     parts = []
-    for i, (name, params) in enumerate(tools):
+    for i, (name, params) in indexed:
         head = _lark_text('\n{"name": ' + json.dumps(name) + ', "arguments": ')
-        body = json.dumps(_with_options(params), separators=(",", ":"))
+        body = json.dumps(_with_options(params, f"tools[{i}].function.parameters"),
+                          separators=(",", ":"))
         rules.append(f"call{i}: {start} {head} %json {body} {_lark_text('}' + chr(10))} {end}")
         parts.append((f"tools[{i}].function.parameters", json.dumps(params)))
-    calls = " | ".join(f"call{i}" for i in range(len(tools)))
-    top = f'start: call ({_lark_text(chr(10))} call)*' if parallel else "start: call"
-    lark = "\n".join([top, f"call: {calls}", *rules])
+    calls = " | ".join(f"call{i}" for i, _ in indexed)
+    top = f'calls: call ({_lark_text(chr(10))} call)*' if parallel else "calls: call"
+    if or_json is None:
+        head_rule = "start: calls"
+    else:  # tools the model may call, else the answer response_format asks for
+        fmt = json.dumps(_with_options(or_json, SCHEMA_PARAM), separators=(",", ":"))
+        head_rule = f"start: calls | %json {fmt}"
+        parts.append((SCHEMA_PARAM, json.dumps(or_json)))
+    lark = "\n".join([head_rule, top, f"call: {calls}", *rules])
     return Plan(llguidance.LLMatcher.grammar_from_lark(lark), "tools", tuple(parts))
 
 
@@ -251,13 +263,22 @@ def request_plan(
     request: Generate, family: str | None, start: str = TOOL_CALL_START,
     end: str = TOOL_CALL_END,
 ) -> Plan | None:
-    """The request's constraint: a forced tool call wins over response_format."""
+    """The request's constraint: a forced tool call wins over response_format; tools the
+    model may call beside a response_format give calls or that JSON."""
     choice = request.tool_choice
     if choice is not None and choice not in ("none", "auto"):
         return tool_call_plan(
             request.tools_json, choice, request.parallel_tool_calls, family, start, end
         )
-    return response_format_plan(request.response_format)
+    schema = format_schema(request.response_format)
+    if schema is not None and request.tools_json and choice != "none":
+        # Tools the model may call beside a response_format: either calls or that JSON,
+        # never text that is neither (and never the tools silently out of reach).
+        return tool_call_plan(request.tools_json, "required", request.parallel_tool_calls,
+                              family, start, end, or_json=schema)
+    if schema is None:
+        return None
+    return Plan(json_grammar(schema), SCHEMA_PARAM)
 
 
 def tool_family(tokenizer: Any) -> str | None:

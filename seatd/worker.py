@@ -383,6 +383,13 @@ class SeatWorker:
             except GrammarRefusal as exc:
                 raise Refusal(Rejected(400, exc.code, exc.message,
                                        {"param": exc.param})) from exc
+            except Exception as exc:  # the request's constraint, not the seat, is at fault:
+                # a 400 of its own, never a failure that opens the seat's circuit
+                log.error("grammar_build_failed", request_id=request.request_id,
+                          error=repr(exc))
+                raise Refusal(Rejected(400, "invalid_constraint",
+                                       f"the seat could not build this request's grammar: "
+                                       f"{exc}")) from exc
             job.constrained = work.grammar is not None
         work.prompt = prompt
         work.fault = _faulty(request)

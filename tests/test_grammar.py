@@ -322,6 +322,16 @@ def test_no_constraint(seat: SeatGrammar, kw: dict[str, Any]) -> None:
       "tool_choice": "required"}, "invalid_schema", "tools[0].function.parameters"),
     ({"tools_json": json.dumps([{"type": "function", "function": {"name": "a b"}}]),
       "tool_choice": "required"}, "invalid_value", "tools[0].function.name"),
+    # x-guidance that is no object: the client's schema, never a failure of the seat
+    ({"tools_json": json.dumps([
+        {"type": "function", "function": {"name": "a"}},
+        {"type": "function", "function": {"name": "b", "parameters": {"x-guidance": 5}}}]),
+      "tool_choice": "required"}, "invalid_schema", "tools[1].function.parameters"),
+    # a named tool's refusal names its own place in the list
+    ({"tools_json": json.dumps([
+        {"type": "function", "function": {"name": "a"}},
+        {"type": "function", "function": {"name": "b", "parameters": {"x-guidance": [1]}}}]),
+      "tool_choice": "function:b"}, "invalid_schema", "tools[1].function.parameters"),
 ])
 def test_refusals(seat: SeatGrammar, kw: dict[str, Any], code: str, param: str) -> None:
     """A bad schema, an unsupported keyword, an unknown tool: a GrammarRefusal with
@@ -460,3 +470,20 @@ def test_greedy_decode_under_schema() -> None:
     text = tokenizer.decode(out)
     assert m.finished, text
     jsonschema.validate(json.loads(text), SMALL)
+
+
+@pytest.mark.parametrize(("text", "ok"), [
+    ('{"k": [1, 2]}', True),  # the JSON response_format asks for
+    (call("get_time", "{}"), True),  # or a call of one of the tools
+    (call("get_weather", '{"city": "Oslo"}') + "\n" + call("get_time", "{}"), True),
+    ("Sure, here it is", False),  # never text that is neither
+    ('[1, 2]', False),
+])
+def test_tools_beside_a_response_format(seat: SeatGrammar, tok: TokenizerWrapper, text: str,
+                                        ok: bool) -> None:
+    """tool_choice auto with a response_format: the answer is calls or that JSON, so the
+    tools stay in reach and the format holds."""
+    m = seat.for_request(gen(tools_json=TOOLS, response_format='{"type": "json_object"}'))
+    assert m is not None
+    bad = first_forbidden(m, tok.encode(text))
+    assert (bad is None and m.accepting) == ok, bad
