@@ -727,6 +727,14 @@ class Engine:
         if row.answer.done:
             return
         answer = row.answer
+        grammar = row.grammar
+        if grammar is not None:
+            try:  # checked before any of its text can reach the client
+                grammar.consume([token])
+            except Exception as exc:  # the grammar broke: this row ends, the batch goes on
+                log.warning("grammar_failed", error=repr(exc), request_id=row.rid)
+                self._finish(row, exc)
+                return
         before = len(answer.ids)
         if lp is not None:
             row.lps.append(lp)
@@ -735,17 +743,11 @@ class Engine:
             row.lps.pop()  # an end of sequence is no answer token
         if not answer.done or token not in answer.eos:
             self.on_token()
-        grammar = row.grammar
-        if grammar is None:
-            return
-        try:
-            grammar.consume([token])
-        except Exception as exc:  # the grammar broke: this row ends, the batch goes on
-            log.warning("grammar_failed", error=repr(exc), request_id=row.rid)
-            self._finish(row, exc)
-            return
-        if grammar.finished and not answer.done:
-            answer.finish, answer.done = "stop", True  # the structured answer is whole
+        # The structured answer is whole: it ends by the grammar, even on its last
+        # allowed token (a budget that ran out on the closing token is no cut answer).
+        if grammar is not None and grammar.finished and (
+                not answer.done or (answer.finish == "length" and not answer.cut)):
+            answer.finish, answer.done = "stop", True
 
     def _take(self, row: Row, tokens: list[int],
               lps: Sequence[TokenLogprob | None] | None = None) -> None:

@@ -134,11 +134,15 @@ class Shaper:
             self.counts = _counts(prefix, width)
         if self.repetition != 1.0:
             self.seen = _counts(prompt, width) > 0
-        if params.logit_bias:
-            ids = mx.array([t for t, _ in params.logit_bias], dtype=mx.int32)
-            values = mx.array([b for _, b in params.logit_bias], dtype=mx.float32)
-            # Repeated ids add up (a client's JSON object cannot repeat one anyway).
-            self.bias = (one_hot(ids, width) * values[:, None]).sum(axis=0)
+        kept = [(t, b) for t, b in params.logit_bias if 0 <= t < width]
+        if kept:
+            # A scatter, never an (entries, width) one-hot: 1,024 entries of a 152k
+            # vocabulary would be 620 MB.  Repeated ids add up (a client's JSON object
+            # cannot repeat one anyway); evaluated here, not inside a batch step.
+            self.bias = mx.zeros((width,), dtype=mx.float32).at[
+                mx.array([t for t, _ in kept], dtype=mx.int32)].add(
+                mx.array([b for _, b in kept], dtype=mx.float32))
+            mx.eval(self.bias)
 
     @classmethod
     def for_row(cls, params: SamplingParams, width: int, prompt: Sequence[int],

@@ -361,3 +361,35 @@ def test_the_single_request_decoder_shapes_alike(pair: tuple[Any, Any, Any]) -> 
             want = ("declined:constrained" if isinstance(spec.drafter, Unshaping)
                     else "accelerated")
             assert got.speculation.state == want
+
+
+def test_a_grammar_finished_on_the_last_token_of_the_budget_is_a_stop(
+        pair: tuple[Any, Any, Any]) -> None:
+    """A structured answer whose closing token is also the max_tokens-th is whole: it ends
+    by the grammar ("stop"), never as cut by the budget ("length"); one token less is cut.
+    With the seat's real grammar, plain and speculative."""
+    import json
+
+    from seatd.grammar import SeatGrammar
+
+    model, tok, _ = pair
+    grammars = SeatGrammar(tok, output_width(model))
+    fmt = json.dumps({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "required": ["ok"], "additionalProperties": False,
+        "properties": {"ok": {"type": "boolean"}}}}})
+
+    def answers(budget: int) -> list[DecodeResult]:
+        params = SamplingParams(max_tokens=budget, temperature=0)
+        request = Generate("g", False, params, prompt="", response_format=fmt)
+        return [_result(g) for g in serve(pair, [
+            Ask(params, prompt="JSON: ", grammar=grammars.for_request(request)),
+            Ask(params, prompt="JSON: ", drafter="model", depth=4, solo=True,
+                grammar=grammars.for_request(request))])]
+
+    whole = answers(40)
+    n = len(whole[0].token_ids)
+    assert json.loads(whole[0].text) in ({"ok": True}, {"ok": False})
+    for budget, finish in ((n, "stop"), (n - 1, "length")):
+        for r in answers(budget):
+            assert r.token_ids == whole[0].token_ids[:budget]
+            assert r.finish_reason == finish, (budget, r.finish_reason)
