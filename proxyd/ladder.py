@@ -104,7 +104,11 @@ BUSY = frozenset({"queue_full", "queue_timeout"})
 # A seat that says it is not ready (its model loads, or it drains) was not sent the
 # request: it told the truth, and its circuit stays as it was.
 # A rung that refused a field it cannot honour (UNSUPPORTED) was not sent the request.
-NOT_THE_SEATS_FAULT = frozenset({"client_disconnected", "not_ready", UNSUPPORTED, *BUSY})
+# A grammar that gave up mid-answer (GRAMMAR_ERROR: llguidance hit a limit on this
+# request's schema) says nothing about the seat: repeating the schema must not open it.
+GRAMMAR_ERROR = "grammar_error"
+NOT_THE_SEATS_FAULT = frozenset({"client_disconnected", "not_ready", UNSUPPORTED,
+                                 GRAMMAR_ERROR, *BUSY})
 
 
 def is_busy(outcome: Outcome | Skipped) -> bool:

@@ -5,6 +5,7 @@ import itertools
 import pytest
 
 from proxyd.ladder import (
+    GRAMMAR_ERROR,
     UNSUPPORTED,
     Health,
     Phase,
@@ -235,3 +236,10 @@ def test_unsupported_skip_in_the_attempts_header_and_the_breaker() -> None:
     skip = Skipped(UNSUPPORTED, field="top_k")
     assert attempts_header([("h", skip), ("v", Ok())]) == "h=skipped:unsupported_field; v=ok"
     assert breaker_verdict(Failed(UNSUPPORTED, "top_k: no")) is Health.UNKNOWN
+
+
+def test_a_grammar_that_gave_up_is_not_the_seats_fault() -> None:
+    """llguidance giving up on one request's schema must not open the seat's circuit, or a
+    client repeating a pathological schema could take the seat out of the ladder."""
+    assert breaker_verdict(Failed(GRAMMAR_ERROR, "too many states")) is Health.UNKNOWN
+    assert breaker_verdict(Failed("internal_error")) is Health.BROKEN
