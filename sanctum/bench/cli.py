@@ -1,7 +1,7 @@
 """`sanctum bench`: run comparisons, store their results, render the report.
 
     sanctum bench run [stack|mlx-server|proxy|spec|cache|rollback|rules|flips|batching|hop|
-                       neighbours|all] ...
+                       neighbours|grammar|all] ...
     sanctum bench report        docs/BENCHMARKS.md and plots from the stored results
     sanctum bench load          N concurrent clients against `sanctum up`
     sanctum bench grammar       under a JSON schema vs free text, speculation on and off

@@ -540,8 +540,14 @@ def batching(opts: Options) -> Run:
     return run_batching(opts)
 
 
+def grammar(opts: Options) -> Run:
+    from sanctum.bench.grammar import grammar as run_grammar
+
+    return run_grammar(opts)
+
+
 COMPARISONS: dict[str, Callable[[Options], Run]] = {
     "stack": stack, "mlx-server": mlx_server, "proxy": proxy, "spec": spec, "cache": cache,
     "rollback": rollback, "rules": rules, "flips": flips, "batching": batching, "hop": hop,
-    "neighbours": neighbours,
+    "neighbours": neighbours, "grammar": grammar,
 }
