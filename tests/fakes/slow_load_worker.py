@@ -32,7 +32,8 @@ def _gated_load(self: worker.SeatWorker) -> worker.Loaded:
     return _real_load(self)
 
 
-worker.SeatWorker.load = _gated_load  # type: ignore[method-assign]
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # as the worker (seatd runs it so); a test that imports this
+    # module for its constants must not patch the engine of its own process
+    worker.SeatWorker.load = _gated_load  # type: ignore[method-assign]
     raise SystemExit(worker.main())

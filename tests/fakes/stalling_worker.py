@@ -31,7 +31,8 @@ def _stalling_decode(self: batch.Engine, lane: Any) -> None:
     _real_decode(self, lane)
 
 
-batch.Engine._decode = _stalling_decode  # type: ignore[method-assign]
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # as the worker (seatd runs it so); a test that imports this
+    # module for its constants must not patch the engine of its own process
+    batch.Engine._decode = _stalling_decode  # type: ignore[method-assign]
     raise SystemExit(worker.main())
