@@ -230,14 +230,17 @@ FIELDS: dict[str, Field] = {
     "inference_geo": Field("accepted", "every answer is made on this box", "messages"),
     "user_profile_id": Field("accepted", "there are no profiles here"),
     "workspace_id": Field("accepted", "there are no workspaces here"),
+    "context_management": Field("accepted", "edits Anthropic makes to a long context "
+                                "(earlier thinking, old tool results, past a trigger); "
+                                "here the messages are taken as sent, and a prompt past "
+                                "the cap is a 413 with its numbers, never trimmed; Claude "
+                                "Code sends it unasked"),
     # -- refused unless they ask for nothing
     "container": Field("refused", "there is no code-execution container here",
                        "messages"),
     "mcp_servers": Field("refused", "no MCP servers are called from here", "both", ([],)),
     "diagnostics": Field("refused", "no prompt-cache diagnostics are kept here",
                          "messages"),
-    "context_management": Field("refused", "the context is not edited here: the seats "
-                                "take the request's messages as they are"),
     "compaction": Field("refused", "the context is not compacted here", "messages"),
 }
 
