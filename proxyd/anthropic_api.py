@@ -47,7 +47,7 @@ from proxyd import openai_tools as tools
 from proxyd.anthropic_door import MessagesDoor
 from proxyd.openai_api import SanctumOptions, validation_param
 from proxyd.openai_fields import ABSENT, ignored_fields
-from proxyd.openai_tools import FunctionSpec, JsonSchemaFormat, JsonSchemaSpec, Name, Tool
+from proxyd.openai_tools import CallId, FunctionSpec, JsonSchemaFormat, JsonSchemaSpec, Name, Tool
 from shared.config import ProxyConfig
 from shared.errors import BadRequest
 from shared.protocol import ChatMessage, Generate, SamplingParams
@@ -75,11 +75,11 @@ class Block(msgspec.Struct, frozen=True):
     type: str
     text: str | None = None
     # tool_use
-    id: str | None = None
+    id: CallId | None = None
     name: str | None = None
     input: dict[str, Any] | None = None
     # tool_result
-    tool_use_id: str | None = None
+    tool_use_id: CallId | None = None
     content: str | list[ResultPart] | dict[str, Any] | None = None
     is_error: bool = False
 

@@ -11,6 +11,8 @@ import anthropic
 import httpx2
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxyd import anthropic_api
 from proxyd.anthropic_api import (
@@ -230,12 +232,38 @@ def image(at: str = "user") -> dict[str, Any]:
     (body(mcp_servers=[{"type": "url", "url": "https://example.invalid"}]), "mcp_servers"),
     (body(output_config={"format": {"type": "json_schema"}}), "output_config.format.schema"),
     (body(sanctum={"bogus": 1}), "sanctum.bogus"),
+    (turns({"role": "user", "content": "q"}, USE, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t" * 257}]}),
+     "messages[2].content[0].tool_use_id"),
 ])
 def test_bad_requests(raw: bytes, param: str) -> None:
     """Each malformed body is a 400 naming its field, by Anthropic's names."""
     with pytest.raises(BadRequest) as err:
         read_messages(raw, LIMITS)
     assert err.value.status == 400 and err.value.param == param, err.value.message
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.sampled_from(["type", "text", "id", "name", "input", "content",
+                                       "tool_use_id", "is_error", "role", "x"]),
+                      inner, max_size=4), max_leaves=20)
+FIELD_NAMES = [*sorted(FIELDS), "seed", "x"]
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(field=st.sampled_from(FIELD_NAMES), value=JSON, count=st.booleans())
+def test_any_field_value_is_an_answer_or_a_4xx(field: str, value: Any, count: bool) -> None:
+    """Any JSON value in any field (a message's blocks among them) is read or refused
+    with a 4xx naming a field, never an unexpected exception."""
+    raw = body(**{field: value})
+    msgs = turns({"role": "user", "content": "q"}, USE, {"role": "user", "content": value})
+    for b in (raw, msgs):
+        try:
+            (read_count_tokens if count else read_messages)(b, LIMITS)
+        except SanctumError as exc:
+            assert 400 <= exc.status < 500 and exc.param, exc
 
 
 def test_refused_fields_accept_what_asks_for_nothing() -> None:
