@@ -44,6 +44,11 @@ def client(rig: DoorsRig) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=rig.url, api_key="x", max_retries=0, timeout=300)
 
 
+def _door_errors(rig: DoorsRig) -> dict[str, int]:
+    """This door's errors by Anthropic's type, from /counters."""
+    return dict(rig.counters()["proxy"]["door_errors"].get("messages", {}))
+
+
 def _sanctum(message: Any) -> dict[str, Any]:
     extra = message.model_extra or {}
     assert "sanctum" in extra, extra
@@ -137,7 +142,9 @@ def test_a_killed_seat_falls_back_and_the_answer_names_the_next(
 def test_a_private_route_with_no_local_seat_is_a_503_and_stays_on_the_box(
         rig: DoorsRig, client: anthropic.Anthropic) -> None:
     """sealed: its local seat never started, its off-box rung is denied; the SDK raises
-    the 503 in Anthropic's error shape and the upstream saw nothing."""
+    the 503 in Anthropic's error shape and the upstream saw nothing; the door counts
+    them by that type."""
+    before = _door_errors(rig).get("overloaded_error", 0)
     for stream in (False, True):
         with pytest.raises(anthropic.ServiceUnavailableError) as err:
             client.messages.create(model="sealed", max_tokens=8, messages=ASK,
@@ -147,11 +154,14 @@ def test_a_private_route_with_no_local_seat_is_a_503_and_stays_on_the_box(
         assert err.value.type == "overloaded_error" and err.value.api_message
         assert body["error"]["code"] in ("no_private_seat", "loading"), body
     assert rig.upstream.requests == []
+    assert _door_errors(rig).get("overloaded_error", 0) == before + 2
 
 
-def test_an_over_cap_prompt_is_a_413_with_its_numbers(client: anthropic.Anthropic) -> None:
+def test_an_over_cap_prompt_is_a_413_with_its_numbers(rig: DoorsRig,
+                                                      client: anthropic.Anthropic) -> None:
     """A prompt past the seats' cap (1536 less the margin): a 413 with prompt_tokens and
-    cap, before any rung is asked."""
+    cap, before any rung is asked; count_tokens gives the same count."""
+    before = _door_errors(rig).get("request_too_large", 0)
     long = [{"role": "user", "content": "word " * 3000}]
     with pytest.raises(anthropic.ContentTooLargeError) as err:
         client.messages.create(model="private", max_tokens=8, messages=long)
@@ -161,3 +171,4 @@ def test_an_over_cap_prompt_is_a_413_with_its_numbers(client: anthropic.Anthropi
     assert error["prompt_tokens"] > error["cap"] and error["cap"] <= 1536, error
     counted = client.messages.count_tokens(model="private", messages=long)
     assert counted.input_tokens == error["prompt_tokens"]
+    assert _door_errors(rig).get("request_too_large", 0) == before + 1
