@@ -145,6 +145,7 @@ def test_a_private_route_with_no_local_seat_is_a_503_and_stays_on_the_box(
     the 503 in Anthropic's error shape and the upstream saw nothing; the door counts
     them by that type."""
     before = _door_errors(rig).get("overloaded_error", 0)
+    seen = len(rig.upstream.requests)
     for stream in (False, True):
         with pytest.raises(anthropic.ServiceUnavailableError) as err:
             client.messages.create(model="sealed", max_tokens=8, messages=ASK,
@@ -153,7 +154,7 @@ def test_a_private_route_with_no_local_seat_is_a_503_and_stays_on_the_box(
         assert isinstance(body, dict) and body["type"] == "error", body
         assert err.value.type == "overloaded_error" and err.value.api_message
         assert body["error"]["code"] in ("no_private_seat", "loading"), body
-    assert rig.upstream.requests == []
+    assert len(rig.upstream.requests) == seen
     assert _door_errors(rig).get("overloaded_error", 0) == before + 2
 
 
@@ -172,3 +173,38 @@ def test_an_over_cap_prompt_is_a_413_with_its_numbers(rig: DoorsRig,
     counted = client.messages.count_tokens(model="private", messages=long)
     assert counted.input_tokens == error["prompt_tokens"]
     assert _door_errors(rig).get("request_too_large", 0) == before + 1
+
+
+def test_an_offbox_rung_answers_through_this_door(rig: DoorsRig,
+                                                  client: anthropic.Anthropic) -> None:
+    """open: the hosted rung gets the chat in OpenAI's shape, and its answer comes back
+    as an Anthropic message named after the rung."""
+    seen = len(rig.upstream.requests)
+    message = client.messages.create(model="open", max_tokens=8, system="Be brief.",
+                                     messages=ASK)
+    assert message.model == "cloud" and message.stop_reason == "end_turn"
+    assert [b.type for b in message.content] == ["text"]
+    assert message.content[0].text.strip() == "the cloud answers"  # type: ignore[union-attr]
+    assert message.usage.input_tokens == 7  # the upstream's own count
+    sent = rig.upstream.requests[seen]
+    assert sent["messages"] == [{"role": "system", "content": "Be brief."}, ASK[0]]
+
+
+def test_a_stream_no_rung_can_finish_ends_with_an_error_the_sdk_raises(
+        rig: DoorsRig, client: anthropic.Anthropic) -> None:
+    """The only rung cuts its stream after a word: the door ends the stream with its
+    error event, and the SDK raises instead of returning a short message as complete."""
+    before = _door_errors(rig).get("midstream", 0)
+    rig.upstream.set_script(["cut:1"])
+    got: list[str] = []
+    try:
+        with pytest.raises(anthropic.APIStatusError) as err:
+            with client.messages.stream(model="open", max_tokens=8, messages=ASK) as s:
+                got.extend(s.text_stream)
+    finally:
+        rig.upstream.set_script(["ok"])
+    assert "".join(got) == "the "
+    body = err.value.body
+    assert isinstance(body, dict) and body["type"] == "error", body
+    assert body["error"]["type"] == "api_error" and body["error"]["seat"] == "cloud", body
+    assert _door_errors(rig).get("midstream", 0) == before + 1
