@@ -1,10 +1,13 @@
-"""The aiohttp application: routes, middleware, and the OpenAI front doors.
+"""The aiohttp application: routes, middleware, and the front doors.
 
-A completion handler parses its API's body into a `Generate`, picks the route and
-the door that renders its format (proxyd/responses.py), and hands both to the
-plumbing (proxyd/front.py), which runs the ladder (proxyd/journey.py).  The body's
-top-level fields unknown to its API are counted (`ignored_fields{field}`) and named in
-`X-Sanctum-Ignored` on the answer, or on the error, whichever the request gets.
+A door's handler parses its API's body into a `Generate` (proxyd/openai_api.py for
+chat and text completions, proxyd/anthropic_api.py for Anthropic Messages,
+proxyd/openai_responses_api.py for OpenAI Responses), picks the route and the door that
+renders its format, and hands both to the plumbing (proxyd/front.py), which runs the
+ladder (proxyd/journey.py).  The body's top-level fields unknown to its API are counted
+(`ignored_fields{field}`) and named in `X-Sanctum-Ignored` on the answer, or on the
+error, whichever the request gets.  Errors take the shape of the door they came to
+(proxyd/doors.py); each door counts its requests and its errors by type.
 """
 
 from __future__ import annotations
@@ -12,15 +15,17 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import structlog
 from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler
 
+from proxyd import anthropic_api, openai_responses_api
 from proxyd.auth import allowed_routes, auth
 from proxyd.counters import render_metrics
+from proxyd.doors import door_of, error_body
 from proxyd.front import serve
 from proxyd.hosted import HostedClient
 from proxyd.limits import OverSize, body_too_large, check_body, refused_field
@@ -28,12 +33,13 @@ from proxyd.openai_api import ChatRequest, CompletionRequest, read_chat, read_co
 from proxyd.openai_fields import ignored_fields, ignored_header
 from proxyd.proxy import PROXY, Proxy
 from proxyd.readiness import health, live
-from proxyd.responses import ChatDoor, CompletionDoor, Door
+from proxyd.responses import Door
 from proxyd.seat_client import SeatClient
 from shared.clock import Clock
 from shared.clock import monotonic as real_clock
-from shared.config import Config, RouteConfig
-from shared.errors import NotFound, SanctumError
+from shared.config import Config, ProxyConfig, RouteConfig
+from shared.errors import ClientError, NotFound, SanctumError
+from shared.protocol import Generate, SamplingParams
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -60,7 +66,9 @@ def json_response(body: Any, status: int = 200,
 
 
 def error_response(exc: SanctumError, rid: str | None = None,
-                   ignored: str | None = None) -> web.Response:
+                   ignored: str | None = None,
+                   body: dict[str, Any] | None = None) -> web.Response:
+    """The error as a response: `body` in the door's shape (OpenAI's by default)."""
     headers = {"X-Request-Id": rid} if rid else {}
     if ignored:
         headers["X-Sanctum-Ignored"] = ignored
@@ -68,7 +76,7 @@ def error_response(exc: SanctumError, rid: str | None = None,
         headers["Retry-After"] = str(exc.retry_after_s)
     if exc.status == 401:  # RFC 9110: a 401 names the scheme it wants
         headers["WWW-Authenticate"] = 'Bearer realm="sanctum"'
-    return json_response(exc.body(), exc.status, headers or None)
+    return json_response(exc.body() if body is None else body, exc.status, headers or None)
 
 
 def _refused(request: web.Request, exc: SanctumError) -> web.Response:
@@ -78,13 +86,17 @@ def _refused(request: web.Request, exc: SanctumError) -> web.Response:
     field = refused_field(exc)
     if field is not None:
         counters.inc("input_refused", field)
-    return error_response(exc, request.get(RID), request.get(IGNORED))
+    door = door_of(request.path)
+    body, kind = error_body(door, exc)
+    if door is not None:
+        counters.inc("door_errors", door, kind)
+    return error_response(exc, request.get(RID), request.get(IGNORED), body)
 
 
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every refusal in the OpenAI error shape: ours and aiohttp's own (404, 405, and
-    413 for a body past client_max_size)."""
+    """Every refusal in the error shape of the door it came to (OpenAI's elsewhere):
+    ours and aiohttp's own (404, 405, and 413 for a body past client_max_size)."""
     try:
         return await handler(request)
     except SanctumError as exc:
@@ -96,9 +108,12 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        body = {"error": {"message": exc.reason, "type": "invalid_request_error",
-                          "code": exc.reason.lower().replace(" ", "_"), "param": None}}
-        return json_response(body, exc.status)
+        error = ClientError(exc.reason, status=exc.status,
+                            code=exc.reason.lower().replace(" ", "_"))
+        door = door_of(request.path)
+        return json_response(error_body(door, error)[0], exc.status,
+                             {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers
+                             else None)
 
 
 # -- handlers -------------------------------------------------------------
@@ -111,9 +126,12 @@ def _route(proxy: Proxy, model: str) -> RouteConfig:
     return route
 
 
-def _begin(request: web.Request) -> str:
-    """Count the request and give it its id (the client's, when it sent a usable one)."""
-    request.app[PROXY].counters.inc("requests")
+def _begin(request: web.Request, door: str) -> str:
+    """Count the request (and at its door) and give it its id (the client's, when it sent
+    a usable one)."""
+    counters = request.app[PROXY].counters
+    counters.inc("requests")
+    counters.inc("door_requests", door)
     rid: str = request_id(request)
     request[RID] = rid
     return rid
@@ -139,10 +157,6 @@ async def expect_body(request: web.Request) -> web.StreamResponse | None:
     return None
 
 
-def _usage(req: Any) -> bool:
-    return bool(req.stream_options and req.stream_options.include_usage)
-
-
 def _ignored(request: web.Request, names: tuple[str, ...]) -> dict[str, str]:
     """Count the body's unknown fields, and name them on whatever answers the request."""
     if not names:
@@ -152,40 +166,75 @@ def _ignored(request: web.Request, names: tuple[str, ...]) -> dict[str, str]:
     return {"X-Sanctum-Ignored": request[IGNORED]}
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    rid = _begin(request)
+class DoorCall(Protocol):
+    """A door's request body, read and checked (openai_api.Chat, anthropic_api.Messages,
+    openai_responses_api.ResponsesCall ...)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def ignored(self) -> tuple[str, ...]: ...
+    def generate(self, request_id: str) -> Generate: ...
+    def door(self) -> Door: ...
+
+
+Reader = Callable[[bytes, ProxyConfig], DoorCall]
+
+
+def door_handler(name: str, read: Reader, kind: type[msgspec.Struct]) -> Handler:
+    """The handler of a door: `read` turns the body into its call (a 400/413 naming the
+    field otherwise; `kind` is the body's Struct, whose unknown fields are still named
+    on that error), then the ladder serves it."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        rid = _begin(request, name)
+        proxy = request.app[PROXY]
+        body = await read_body(request)
+        try:
+            call = read(body, proxy.config.proxy)
+        except SanctumError:
+            _ignored(request, ignored_fields(body, kind))
+            raise
+        headers = _ignored(request, call.ignored)
+        route = _route(proxy, call.model)
+        with structlog.contextvars.bound_contextvars(request_id=rid):
+            return await serve(request, proxy, call.door(), route, call.generate(rid),
+                               headers)
+
+    return handle
+
+
+chat_completions = door_handler("chat", read_chat, ChatRequest)
+completions = door_handler("completions", read_completion, CompletionRequest)
+messages = door_handler("messages", anthropic_api.read_messages,
+                        anthropic_api.MessagesRequest)
+responses = door_handler("responses", openai_responses_api.read_responses,
+                         openai_responses_api.ResponsesRequest)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """POST /v1/messages/count_tokens: the prompt's tokens by the tokenizer of the
+    route's first local rung (the seat's own), else its hosted rung's bound."""
+    rid = _begin(request, "messages")
     proxy = request.app[PROXY]
     body = await read_body(request)
     try:
-        chat = read_chat(body, proxy.config.proxy)
+        call = anthropic_api.read_count_tokens(body, proxy.config.proxy)
     except SanctumError:
-        _ignored(request, ignored_fields(body, ChatRequest))
+        _ignored(request, ignored_fields(body, anthropic_api.CountTokensRequest))
         raise
-    headers = _ignored(request, chat.ignored)
-    req = chat.req
-    door: Door = ChatDoor(req.stream, _usage(req), logprobs=chat.params.logprobs is not None)
-    with structlog.contextvars.bound_contextvars(request_id=rid):
-        return await serve(request, proxy, door, _route(proxy, req.model), chat.generate(rid),
-                           headers)
-
-
-async def completions(request: web.Request) -> web.StreamResponse:
-    rid = _begin(request)
-    proxy = request.app[PROXY]
-    body = await read_body(request)
-    try:
-        done = read_completion(body, proxy.config.proxy)
-    except SanctumError:
-        _ignored(request, ignored_fields(body, CompletionRequest))
-        raise
-    headers = _ignored(request, done.ignored)
-    req = done.req
-    door: Door = CompletionDoor(req.stream, _usage(req),
-                                logprobs=done.params.logprobs is not None,
-                                echo=done.prompt if req.echo else "")
-    with structlog.contextvars.bound_contextvars(request_id=rid):
-        return await serve(request, proxy, door, _route(proxy, req.model), done.generate(rid),
-                           headers)
+    headers = _ignored(request, call.ignored)
+    route = _route(proxy, call.model)
+    gen = Generate(rid, False, SamplingParams(), messages=call.messages,
+                   tools_json=call.tools_json)
+    counted = await proxy.admission.count(
+        [proxy.config.seat_by_name(n) for n in route.ladder], gen)
+    if counted is None:
+        raise SanctumError(f"no rung of the route {route.model!r} can count tokens here",
+                           code="no_tokenizer", status=503)
+    tokens, seat = counted
+    return json_response({"input_tokens": tokens},
+                         headers={"X-Request-Id": rid, "X-Sanctum-Seat": seat, **headers})
 
 
 async def models(request: web.Request) -> web.Response:
@@ -235,6 +284,9 @@ def make_app(config: Config, clock: Clock = real_clock) -> web.Application:
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=expect_body)
     app.router.add_post("/v1/completions", completions, expect_handler=expect_body)
+    app.router.add_post("/v1/messages", messages, expect_handler=expect_body)
+    app.router.add_post("/v1/messages/count_tokens", count_tokens, expect_handler=expect_body)
+    app.router.add_post("/v1/responses", responses, expect_handler=expect_body)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/health/live", live)

@@ -41,10 +41,15 @@ LABELLED: dict[str, tuple[str, ...]] = {
     # X-Sanctum-Ignored (proxyd/openai_fields.py): at most MAX_IGNORED_LABELS names,
     # since clients choose them; the rest are counted as OTHER_FIELD
     "ignored_fields": ("field",),
+    # per front door (chat, completions, messages, responses; proxyd/doors.py):
+    # the requests it took, and the errors it answered by their API's error type (a
+    # refusal's, or `midstream` for a begun stream that ended with an error event)
+    "door_requests": ("door",),
+    "door_errors": ("door", "type"),
 }
 # Labelled counters shown in /counters as {label: count}.
 ONE_LABEL = ("answered_by", "fallbacks", "auth_failures", "rate_limited", "input_refused",
-             "load_waits", "ignored_fields")
+             "load_waits", "ignored_fields", "door_requests")
 MAX_IGNORED_LABELS = 256
 OTHER_FIELD = "_other"
 
@@ -89,6 +94,10 @@ class ProxyCounters:
             by_reason[reason] = by_reason.get(reason, 0) + v
             by_pair[f"{src}>{dst}"] = by_pair.get(f"{src}>{dst}", 0) + v
         out["continuations"] = {"by_reason": by_reason, "by_pair": by_pair}
+        door_errors: dict[str, dict[str, int]] = {}
+        for (door, kind), v in self.labelled["door_errors"].items():
+            door_errors.setdefault(door, {})[kind] = v
+        out["door_errors"] = door_errors
         r = summarise(self.plain["over_cap"], self.refused_sample)
         out["over_cap_prompts"] = {"count": r.count, "median": r.median, "max": r.max}
         return out

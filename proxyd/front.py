@@ -95,6 +95,7 @@ async def serve(request: web.Request, proxy: Proxy, door: Door, route: RouteConf
                     return response
                 elif isinstance(event, Abort):
                     assert response is not None
+                    proxy.counters.inc("door_errors", door.name, "midstream")
                     extra: dict[str, object] = {"seat": event.seat, "attempts": event.attempts,
                                                 "segments": event.segments}
                     if event.over_cap:
@@ -105,6 +106,7 @@ async def serve(request: web.Request, proxy: Proxy, door: Door, route: RouteConf
         # The proxy is stopping past its drain: end a begun answer honestly.
         if response is not None:
             proxy.counters.inc("midstream_aborts")
+            proxy.counters.inc("door_errors", door.name, "midstream")
             await _write(response, door.error_event(
                 "the proxy stopped before the answer was complete", "proxy_shutdown",
                 {"seat": journey.seat}))

@@ -28,6 +28,7 @@ from proxyd import limits as lim
 from proxyd import openai_tools as tools
 from proxyd.openai_fields import ABSENT, ignored_fields, refuse_unsupported, sanitise
 from proxyd.openai_tools import CallId, MessageToolCall, ResponseFormat, Tool, ToolChoice
+from proxyd.responses import ChatDoor, CompletionDoor
 from shared.config import ProxyConfig
 from shared.errors import BadRequest
 from shared.protocol import (
@@ -336,6 +337,10 @@ def overrides(req: _Common) -> dict[str, Any]:
             "solo": req.sanctum.solo}
 
 
+def _include_usage(req: _Common) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
 # ---------------------------------------------------------------------------
 # The doors' bodies, decoded
 
@@ -351,6 +356,14 @@ class Chat(msgspec.Struct, frozen=True):
     response_format: str | None
     ignored: tuple[str, ...]  # unknown top-level fields, sanitised and sorted
 
+    @property
+    def model(self) -> str:
+        return self.req.model
+
+    def door(self) -> ChatDoor:
+        return ChatDoor(self.req.stream, _include_usage(self.req),
+                        logprobs=self.params.logprobs is not None)
+
     def generate(self, request_id: str) -> Generate:
         req = self.req
         return Generate(request_id, req.stream, self.params, messages=self.messages,
@@ -365,6 +378,15 @@ class Completion(msgspec.Struct, frozen=True):
     prompt: str
     params: SamplingParams
     ignored: tuple[str, ...]
+
+    @property
+    def model(self) -> str:
+        return self.req.model
+
+    def door(self) -> CompletionDoor:
+        return CompletionDoor(self.req.stream, _include_usage(self.req),
+                              logprobs=self.params.logprobs is not None,
+                              echo=self.prompt if self.req.echo else "")
 
     def generate(self, request_id: str) -> Generate:
         return Generate(request_id, self.req.stream, self.params, prompt=self.prompt,

@@ -52,6 +52,7 @@ class Door(Protocol):
     """What the plumbing (proxyd/front.py) needs from a front door."""
 
     stream: bool
+    name: str  # the door's label in the counters: "chat", "completions", ...
 
     def opening(self, a: Answer) -> bytes: ...
     def text(self, a: Answer, piece: Text) -> bytes: ...
@@ -189,6 +190,7 @@ class _OpenAIDoor:
 class ChatDoor(_OpenAIDoor):
     """POST /v1/chat/completions."""
 
+    name = "chat"
     prefix = "chatcmpl-"
     chunk_object = "chat.completion.chunk"
     body_object = "chat.completion"
@@ -235,6 +237,7 @@ class CompletionDoor(_OpenAIDoor):
     """POST /v1/completions.  `echo`: the prompt, when the answer starts with it (sent
     as the stream's first chunk, or at the start of the body's text)."""
 
+    name = "completions"
     prefix = "cmpl-"
     chunk_object = "text_completion"
     body_object = "text_completion"
