@@ -73,6 +73,27 @@ class Admission:
             self.dirs.pop(seat, None)
             return None
 
+    async def count(self, seats: list[SeatConfig], gen: Generate) -> tuple[int, str] | None:
+        """`gen`'s prompt tokens, exactly, by the tokenizer of the first of `seats` whose
+        tokenizer this proxy holds, and that seat's name; else the bound of the first
+        hosted one (`shared.caps.hosted_estimate`); None when there is neither."""
+        for seat in seats:
+            if seat.kind == "openai":
+                verdict = await self.judge(seat, gen, {})
+                assert verdict.tokens is not None
+                return verdict.tokens, seat.name
+            tokenizer = await self._tokenizer(seat.name)
+            if tokenizer is None:
+                continue
+            try:
+                ids = await asyncio.to_thread(prompt_ids, tokenizer, gen.messages, gen.prompt,
+                                              gen.tools_json)
+            except Exception as exc:  # the chat template refused these messages
+                raise BadRequest(f"the messages do not fit the model's chat template: {exc}",
+                                 param="messages") from None
+            return len(ids), seat.name
+        return None
+
     def seat_cap(self, seat: SeatConfig, reported: int = 0) -> int | None:
         """The seat's own cap: what it reported at its handshake, else what config implies."""
         if reported:
