@@ -15,7 +15,8 @@ assistant message just before them, are one turn) and `function_call_output` ite
 constraint ({"type": "json_schema", "name", "schema", ...}).  They are turned into
 the chat door's own Structs (proxyd/openai_tools.py) and checked there, so both doors
 refuse the same things; a refusal names the Responses path (`tools[0].parameters`,
-`text.format.schema`), not the chat one.
+`text.format.schema`), not the chat one.  Log-probabilities are asked with include
+["message.output_text.logprobs"], and their alternatives with top_logprobs.
 
 Nothing is stored: `store` true and `previous_response_id` are refused (400 naming
 them), as are `conversation`, `background` and the other fields of FIELDS below that
@@ -41,6 +42,7 @@ from proxyd.openai_api import (
     MaxTokens,
     SanctumOptions,
     Temperature,
+    TopLogprobs,
     TopP,
     validation_param,
 )
@@ -127,6 +129,8 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceObject | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
+    top_logprobs: TopLogprobs | None = None
+    include: list[str] | None = None
     sanctum: SanctumOptions | None = None
     # accepted: they ask for nothing this product must do
     metadata: msgspec.Raw = ABSENT
@@ -137,7 +141,6 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
     prompt_cache_retention: msgspec.Raw = ABSENT
     prompt_cache_options: msgspec.Raw = ABSENT
     stream_options: msgspec.Raw = ABSENT
-    include: msgspec.Raw = ABSENT
     # refused unless they ask for nothing
     store: msgspec.Raw = ABSENT
     previous_response_id: msgspec.Raw = ABSENT
@@ -147,7 +150,6 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
     prompt: msgspec.Raw = ABSENT
     reasoning: msgspec.Raw = ABSENT
     truncation: msgspec.Raw = ABSENT
-    top_logprobs: msgspec.Raw = ABSENT
     max_tool_calls: msgspec.Raw = ABSENT
     context_management: msgspec.Raw = ABSENT
     moderation: msgspec.Raw = ABSENT
@@ -186,6 +188,8 @@ FIELDS: dict[str, Field] = {
     "tool_choice": Field("honoured", "required and named: constrained decoding"),
     "parallel_tool_calls": Field("honoured", "false: the first call only"),
     "text": Field("honoured", "text.format: constrained decoding"),
+    "top_logprobs": Field("honoured", "the alternatives of each token's log-probability "
+                          "(with include message.output_text.logprobs)"),
     "sanctum": Field("honoured", "Sanctum's own per-request overrides"),
     "metadata": Field("accepted", "tags of a stored response; " + _NOTHING_STORED),
     "user": Field("accepted", "an end-user id for OpenAI's abuse monitoring; nothing "
@@ -197,8 +201,9 @@ FIELDS: dict[str, Field] = {
     "prompt_cache_options": Field("accepted", _CACHE),
     "stream_options": Field("accepted", "include_obfuscation: no obfuscation is added "
                             "(the stream does not leave the box's network)"),
-    "include": Field("accepted", "extra outputs of hosted tools, images and reasoning "
-                     "items, which no answer here has; log-probabilities are refused"),
+    "include": Field("honoured", "message.output_text.logprobs: each token's "
+                     "log-probability; the other values name outputs of hosted tools, "
+                     "images and reasoning items, which no answer here has"),
     "store": Field("refused", _NOTHING_STORED + " (send store: false)", (False,)),
     "previous_response_id": Field("refused", "responses are not stored, so none can "
                                   "be continued: send the whole input"),
@@ -211,8 +216,6 @@ FIELDS: dict[str, Field] = {
                                                              {"effort": "none"})),
     "truncation": Field("refused", "nothing is truncated (a prompt past the cap is a "
                         "413 with its numbers)", ("disabled",)),
-    "top_logprobs": Field("refused", "log-probabilities are not implemented at this "
-                          "door (the chat door gives them)", (0,)),
     "max_tool_calls": Field("refused", "a limit on hosted tools' calls, which there are "
                             "none of here"),
     "context_management": Field("refused", "context compaction is not implemented"),
@@ -221,9 +224,7 @@ FIELDS: dict[str, Field] = {
     "access_programs": Field("refused", "OpenAI's access programs do not apply here"),
 }
 
-# `include` values that would ask for something: the rest name outputs no answer has.
-REFUSED_INCLUDES = {"message.output_text.logprobs": "log-probabilities are not "
-                    "implemented at this door (the chat door gives them)"}
+LOGPROBS = "message.output_text.logprobs"  # the one `include` value that asks for more
 
 MAX_ITEM_TEXT = 64  # of a refused value, quoted in its error
 
@@ -235,8 +236,7 @@ def _refusable() -> tuple[tuple[str, Field], ...]:
 
 def refuse_unsupported(req: ResponsesRequest) -> None:
     """A 400 naming a refused field set to a value that asks for something (not null,
-    not one of its `allowed`, compared with their types: `true` is not 1), or an
-    `include` value that does."""
+    not one of its `allowed`, compared with their types: `true` is not 1)."""
     for name, spec in _refusable():
         raw = getattr(req, name)
         if not raw:
@@ -248,16 +248,18 @@ def refuse_unsupported(req: ResponsesRequest) -> None:
         hint = f"; send {msgspec.json.encode(spec.allowed[0]).decode()} or null" \
             if spec.allowed else ""
         raise BadRequest(f"{name} is not supported ({spec.reason}){hint}", param=name)
-    if req.include:
-        values = msgspec.json.decode(req.include)
-        if not isinstance(values, list | type(None)):
-            raise BadRequest("include is a list of strings", param="include")
-        for i, value in enumerate(values or ()):
-            if not isinstance(value, str):
-                raise BadRequest("include is a list of strings", param=f"include[{i}]")
-            if value in REFUSED_INCLUDES:
-                raise BadRequest(f"include {value!r} is not supported "
-                                 f"({REFUSED_INCLUDES[value]})", param=f"include[{i}]")
+
+
+def logprobs_asked(req: ResponsesRequest) -> int | None:
+    """SamplingParams.logprobs: the alternatives per token (top_logprobs) when include
+    names message.output_text.logprobs; None without it.  The other `include` values
+    name outputs that no answer here has (hosted tools' results, images, reasoning
+    items): they ask for nothing."""
+    if LOGPROBS in (req.include or ()):
+        return req.top_logprobs or 0
+    if req.top_logprobs:
+        raise BadRequest(f"top_logprobs needs include {LOGPROBS!r}", param="top_logprobs")
+    return None
 
 
 def _decode(body: bytes) -> tuple[ResponsesRequest, tuple[str, ...]]:
@@ -487,7 +489,8 @@ class ResponsesCall(msgspec.Struct, frozen=True):
                         **_overrides(req.sanctum))
 
     def door(self) -> ResponsesDoor:
-        return ResponsesDoor(self.req.stream, echo(self))
+        return ResponsesDoor(self.req.stream, echo(self),
+                             logprobs=self.params.logprobs is not None)
 
 
 def _overrides(opts: SanctumOptions | None) -> dict[str, Any]:
@@ -511,6 +514,7 @@ def echo(call: ResponsesCall) -> dict[str, Any]:
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "temperature": call.params.temperature,
         "top_p": call.params.top_p,
+        "top_logprobs": call.params.logprobs,
         "tool_choice": msgspec.to_builtins(req.tool_choice) if req.tool_choice else "auto",
         "tools": [{"type": "function", "name": t.name, "description": t.description,
                    "parameters": t.parameters, "strict": t.strict}
@@ -540,7 +544,8 @@ def read_responses(body: bytes, limits: ProxyConfig) -> ResponsesCall:
     params = SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
-        max_tokens=req.max_output_tokens or DEFAULT_MAX_TOKENS)
+        max_tokens=req.max_output_tokens or DEFAULT_MAX_TOKENS,
+        logprobs=logprobs_asked(req))
     tools_json = tools.to_json("tools", chat_tools) if chat_tools else None
     return ResponsesCall(req, messages, params, tools_json, choice, fmt, ignored)
 

@@ -18,10 +18,12 @@ one request, so it keeps the stream's `sequence_number` and the items it has sen
 
 Shapes are OpenAI's: the response `id` is "resp_" + the request id; a message item
 {"type": "message", "id": "msg_...", "status", "role": "assistant", "content":
-[{"type": "output_text", "text", "annotations": [], "logprobs": []}]} comes first when
+[{"type": "output_text", "text", "annotations": [], "logprobs"}]} comes first when
 the answer has text (a body with neither text nor calls has an empty one), then a
 {"type": "function_call", "id": "fc_...", "call_id", "name", "arguments", "status":
-"completed"} per call.  `model` names the seat that answered (DESIGN.md rule 4);
+"completed"} per call.  `logprobs` (asked with include message.output_text.logprobs)
+are the chat door's: each token with its bytes and its alternatives, -inf as -9999,
+on each delta and on the whole text part.  `model` names the seat that answered (DESIGN.md rule 4);
 an answer cut by its budget is status "incomplete" with incomplete_details.reason
 "max_output_tokens", as OpenAI sends it (the SDK's stream helper then has no final
 response to give: `response.completed` never came).
@@ -43,7 +45,8 @@ from typing import Any
 import msgspec
 
 from proxyd.events import Answer, Done, Text
-from shared.protocol import ToolCall, Usage
+from proxyd.responses import chat_logprobs
+from shared.protocol import TokenLogprob, ToolCall, Usage
 
 _encode = msgspec.json.encode
 
@@ -65,12 +68,14 @@ def status_of(finish: str | None) -> tuple[str, dict[str, str] | None]:
     return ("incomplete", {"reason": reason}) if reason else ("completed", None)
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [],
+            "logprobs": logprobs or []}
 
 
-def message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [text_part(text)]
+def message_item(item_id: str, text: str | None, status: str,
+                 logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    content = [] if text is None else [text_part(text, logprobs)]
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": content}
 
@@ -89,6 +94,7 @@ class _Message:
         self.id = item_id
         self.index = index
         self.texts: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []  # its tokens', when the request asked
         # the delta event around its text, built once per item (the hot path)
         self.head = (b"event: response.output_text.delta\ndata: "
                      + _encode({"type": "response.output_text.delta", "item_id": item_id,
@@ -106,9 +112,10 @@ class ResponsesDoor:
 
     name = "responses"
 
-    def __init__(self, stream: bool, echo: dict[str, Any]) -> None:
+    def __init__(self, stream: bool, echo: dict[str, Any], logprobs: bool = False) -> None:
         self.stream = stream
         self.echo = echo
+        self.logprobs = logprobs  # the request asked for them (include)
         self.seq = 0
         self.items: list[dict[str, Any]] = []  # sent whole, in output order
         self.open: _Message | None = None
@@ -142,7 +149,8 @@ class ResponsesDoor:
         status, incomplete = status_of(done.finish_reason)
         output: list[dict[str, Any]] = []
         if done.text or not done.tool_calls:
-            output.append(message_item(self.message_id(a), done.text, status))
+            lps = chat_logprobs(done.logprobs) if self.logprobs else None
+            output.append(message_item(self.message_id(a), done.text, status, lps))
         output += [call_item(f"fc_{a.request_id}_{c.index}", c) for c in done.tool_calls]
         return _encode(self.response(a, status, output, incomplete_details=incomplete,
                                      usage=usage_body(done.usage), sanctum=a.sanctum()))
@@ -169,11 +177,13 @@ class ResponsesDoor:
             return b""
         self.open = None
         text = m.text
-        item = message_item(m.id, text, status)
+        item = message_item(m.id, text, status, m.logprobs)
         self.items.append(item)
         at = {"item_id": m.id, "output_index": m.index, "content_index": 0}
-        return (self.event("response.output_text.done", **at, text=text, logprobs=[])
-                + self.event("response.content_part.done", **at, part=text_part(text))
+        return (self.event("response.output_text.done", **at, text=text,
+                           logprobs=m.logprobs)
+                + self.event("response.content_part.done", **at,
+                             part=text_part(text, m.logprobs))
                 + self.event("response.output_item.done", output_index=m.index, item=item))
 
     def text(self, a: Answer, piece: Text) -> bytes:
@@ -183,12 +193,22 @@ class ResponsesDoor:
             if m is None:
                 m, out = self._open(a)
             m.texts.append(piece.text)
-            out += (m.head + _encode(piece.text) + b',"sequence_number":'
-                    + str(self.seq).encode() + b"}\n\n")
-            self.seq += 1
+            if self.logprobs and piece.logprobs:
+                out += self._rich(m, piece.text, piece.logprobs)
+            else:
+                out += (m.head + _encode(piece.text) + b',"sequence_number":'
+                        + str(self.seq).encode() + b"}\n\n")
+                self.seq += 1
         for call in piece.tool_calls:
             out += self._close("completed") + self._call(a, call)
         return out
+
+    def _rich(self, m: _Message, text: str, tokens: tuple[TokenLogprob, ...]) -> bytes:
+        """A delta with its tokens' log-probabilities (kept for the done events too)."""
+        lps = chat_logprobs(tokens)
+        m.logprobs += lps
+        return self.event("response.output_text.delta", item_id=m.id,
+                          output_index=m.index, content_index=0, logprobs=lps, delta=text)
 
     def _call(self, a: Answer, call: ToolCall) -> bytes:
         index = len(self.items)
@@ -219,8 +239,8 @@ class ResponsesDoor:
         """response.failed with the output sent so far, then the `error` event."""
         output = list(self.items)
         if self.open is not None:
-            output.insert(self.open.index,
-                          message_item(self.open.id, self.open.text, "incomplete"))
+            output.insert(self.open.index, message_item(self.open.id, self.open.text,
+                                                        "incomplete", self.open.logprobs))
         error = {"code": "server_error", "message": message}
         a = self.answer or Answer(str(extra.get("request_id", "")), str(extra.get("seat", "")),
                                   0)

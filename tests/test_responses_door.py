@@ -21,7 +21,7 @@ from proxyd.openai_responses_api import FIELDS, ResponsesRequest, read_responses
 from proxyd.openai_responses_door import ResponsesDoor
 from shared.config import ProxyConfig
 from shared.errors import BadRequest, PayloadTooLarge
-from shared.protocol import ChatMessage, ToolCall, Usage
+from shared.protocol import ChatMessage, TokenLogprob, ToolCall, Usage
 
 LIMITS = ProxyConfig()
 EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
@@ -30,6 +30,8 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}},
 TOOL = {"type": "function", "name": "get_weather", "description": "The weather.",
         "parameters": WEATHER, "strict": True}
 CALL = ToolCall(0, "call_a", "get_weather", '{"city": "Oslo"}')
+LPS = (TokenLogprob("Hé", -0.5, tuple("Hé".encode()), (("Hé", -0.5), ("Ha", -1.5))),
+       TokenLogprob("llo", float("-inf"), (), (("llo", float("-inf")),)))
 
 
 def body(**kw: Any) -> bytes:
@@ -123,6 +125,16 @@ def test_tools_choices_and_formats_reach_the_seat_in_the_chat_shape(
     assert (json.loads(gen.response_format) if gen.response_format else None) == fmt
 
 
+def test_logprobs_are_asked_by_include_with_top_logprobs_alternatives() -> None:
+    """include message.output_text.logprobs asks for each token's log-probability,
+    top_logprobs for its alternatives; the other include values ask for nothing."""
+    asked = read(include=["message.output_text.logprobs"], top_logprobs=3)
+    assert asked.generate("r").params.logprobs == 3 and asked.door().logprobs
+    assert read(include=["message.output_text.logprobs"]).generate("r").params.logprobs == 0
+    plain = read(include=["reasoning.encrypted_content"])
+    assert plain.generate("r").params.logprobs is None and not plain.door().logprobs
+
+
 def test_parallel_tool_calls_and_sanctum_overrides_reach_the_generate() -> None:
     gen = read(tools=[TOOL], parallel_tool_calls=False,
                sanctum={"kv": "q8", "speculation": False, "draft_depth": 2}).generate("r")
@@ -191,7 +203,8 @@ BIG = "x" * (LIMITS.max_content_chars + 1)
     ({"reasoning": {"effort": "high"}}, "reasoning"),
     ({"truncation": "auto"}, "truncation"),
     ({"top_logprobs": 3}, "top_logprobs"),
-    ({"include": ["message.output_text.logprobs"]}, "include[0]"),
+    ({"top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
+    ({"include": [3]}, "include[0]"),
     ({"include": "reasoning.encrypted_content"}, "include"),
     ({"sanctum": {"kv": "fp8"}}, "sanctum.kv"),
 ])
@@ -475,3 +488,33 @@ def test_an_error_before_any_text_still_names_the_response(make: Callable[[], by
     """A door whose opening never ran still renders a valid terminal pair."""
     kinds = [e["type"] for e in events(make())]
     assert kinds == ["response.failed", "error"]
+
+
+def test_logprobs_ride_on_the_deltas_and_the_text_part_when_asked() -> None:
+    """Each delta carries its tokens' log-probabilities (-inf as -9999, OpenAI's floor),
+    the done events and the final text part all of them; a body's text part too; a
+    door that was not asked sends none."""
+    d = door(True, include=["message.output_text.logprobs"], top_logprobs=2)
+    raw = rendered(d, [Text("Hé", logprobs=LPS[:1]), Text("llo", logprobs=LPS[1:])], "stop")
+    deltas = [e for e in events(raw) if e["type"] == "response.output_text.delta"]
+    assert [[(t["token"], t["logprob"]) for t in e["logprobs"]] for e in deltas] == \
+        [[("Hé", -0.5)], [("llo", -9999.0)]]
+    assert [(t["token"], t["logprob"]) for t in deltas[0]["logprobs"][0]["top_logprobs"]] \
+        == [("Hé", -0.5), ("Ha", -1.5)]
+    with sdk(raw).responses.stream(model="m", input="hi") as s:
+        final = s.get_final_response()
+    part = final.output[0].content[0]  # type: ignore[union-attr]
+    assert part.logprobs is not None
+    assert [(t.token, t.logprob, bytes(t.bytes)) for t in part.logprobs] == [
+        ("Hé", -0.5, "Hé".encode()), ("llo", -9999.0, b"llo")]
+    assert final.top_logprobs == 2
+    body = Response.model_validate_json(
+        door(False, include=["message.output_text.logprobs"]).body(
+            Done(answer(), "Héllo", "stop", Usage(1, 2), (), LPS)))
+    lps = body.output[0].content[0].logprobs  # type: ignore[union-attr]
+    assert lps is not None and [t.token for t in lps] == ["Hé", "llo"]
+    unasked = rendered(door(True), [Text("Hé", logprobs=LPS[:1])], "stop")
+    assert all(not e.get("logprobs") for e in events(unasked))
+    plain = Response.model_validate_json(door(False).body(
+        Done(answer(), "Héllo", "stop", Usage(1, 2), (), LPS)))
+    assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]
