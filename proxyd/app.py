@@ -88,6 +88,8 @@ def _refused(request: web.Request, exc: SanctumError) -> web.Response:
         counters.inc("input_refused", field)
     door = door_of(request.path)
     body, kind = error_body(door, exc)
+    if door == "messages" and request.get(RID):  # Anthropic's errors name their request
+        body["request_id"] = request[RID]
     if door is not None:
         counters.inc("door_errors", door, kind)
     return error_response(exc, request.get(RID), request.get(IGNORED), body)

@@ -1,12 +1,13 @@
 """Fuzzing the HTTP doors of a real proxyd (a process, in front of fake seats).
 
-Generated bodies go over real HTTP to each door: random bytes, random JSON (NaN and
+Generated bodies go over real HTTP to each door (chat and text completions, Anthropic
+Messages and its count_tokens, OpenAI Responses): random bytes, random JSON (NaN and
 Infinity included), and near-valid requests with fields mutated, dropped, nested
 100,000 arrays deep, or set at and one past each input limit; each sent plain,
-chunked, gzip-compressed or without a Content-Type.  Every answer is a 4xx in the
-OpenAI error shape or a 200 (a valid request is answered by the fake seat), never a
-5xx; afterwards the proxy and the seats are still up and serve a good request at
-each door.
+chunked, gzip-compressed or without a Content-Type.  Every answer is a 4xx in its
+door's error shape (Anthropic's at /v1/messages, OpenAI's elsewhere) or a 200 (a valid
+request is answered by the fake seat), never a 5xx; afterwards the proxy and the seats
+are still up and serve a good request at each door.
 
 FUZZ_EXAMPLES raises the number of inputs per test (the suite's default keeps the
 file at a few seconds); FUZZ_REPORT names a JSON file that gets the inputs tried and
@@ -38,7 +39,10 @@ if TYPE_CHECKING:  # imported where used, so that the atheris run below loads pr
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-DOORS = ("/v1/chat/completions", "/v1/completions")
+CHAT, COMPLETIONS, MESSAGES, COUNT, RESPONSES = (
+    "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+    "/v1/responses")
+DOORS = (CHAT, COMPLETIONS, MESSAGES, COUNT, RESPONSES)
 L = ProxyConfig()  # the rig's proxy runs with the default limits
 SEEN: Counter[str] = Counter()  # "door status" -> count, over the module's tests
 
@@ -114,6 +118,22 @@ EDGES: dict[str, list[Any]] = {
                             "description": text(L.max_schema_bytes)}}}, "json"],
     "sanctum": [{"kv": "q8"}, {"kv": "q9"}, {"draft_depth": 17}, {"solo": True},
                 {"bogus": 1}, []],
+    # the Anthropic door's own
+    "system": ["be brief", [{"type": "text", "text": "x"}], [{"type": "image"}], 3,
+               text(L.max_content_chars + 1)],
+    "stop_sequences": [[], ["s"] * L.max_stop, ["s"] * (L.max_stop + 1), "s"],
+    "thinking": [{"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}, 1],
+    # the Responses door's own
+    "input": ["hi", "", [], [{"role": "user", "content": "hi"}],
+              [{"type": "function_call_output", "call_id": "c", "output": "x"}],
+              [{"role": "user", "content": [{"type": "input_image"}]}],
+              text(L.max_content_chars + 1)],
+    "instructions": ["be brief", "", text(L.max_content_chars + 1), 1],
+    "max_output_tokens": [0, 1, L.max_completion_tokens + 1, -1],
+    "text": [{"format": {"type": "json_object"}}, {"format": {"type": "text"}},
+             {"format": {"type": "json_schema", "name": "x", "schema": DEEP}}, "t"],
+    "store": [True, False, None],
+    "previous_response_id": ["resp_1", None],
 }
 FIELDS = sorted(EDGES)
 
@@ -122,11 +142,9 @@ FIELDS = sorted(EDGES)
 def near_valid(draw: st.DrawFn, door: str) -> bytes:
     """A good request with one to four fields set to an edge value, a random JSON value,
     or dropped; sometimes an unknown field added; messages mutated inside."""
-    body: dict[str, Any] = {"model": "private"}
-    if door == DOORS[0]:
+    body: dict[str, Any] = dict(GOOD[door])
+    if "messages" in body:
         body["messages"] = [dict(USER)]
-    else:
-        body["prompt"] = "hello"
     for _ in range(draw(st.integers(1, 4))):
         field = draw(st.sampled_from(FIELDS))
         # deep: only fields of any JSON (unknown ones, a tool's parameters) can take it
@@ -184,22 +202,39 @@ def post(rig: Rig, door: str, body: bytes, how: str) -> tuple[int, str, bytes]:
         conn.close()
 
 
-def assert_clean(status: int, content_type: str, answer: bytes) -> None:
-    """A 200 answer (JSON or a stream ending in [DONE]) or a 4xx in the OpenAI shape."""
+def assert_clean(door: str, status: int, content_type: str, answer: bytes) -> None:
+    """A 200 answer (JSON, or a stream ending as its API ends one) or a 4xx in the door's
+    error shape."""
     assert status < 500, answer[:500]
     if status == 200:
         if content_type.startswith("text/event-stream"):
-            assert b"\ndata: [DONE]\n" in answer, answer[-300:]
+            assert STREAM_END[door] in answer, answer[-300:]
         else:
-            assert json.loads(answer)["choices"], answer[:300]
+            reply = json.loads(answer)
+            assert {CHAT: "choices", COMPLETIONS: "choices", MESSAGES: "content",
+                    COUNT: "input_tokens", RESPONSES: "output"}[door] in reply, answer[:300]
         return
     assert 400 <= status < 500 and content_type.startswith("application/json"), answer[:300]
-    error = json.loads(answer)["error"]
+    reply = json.loads(answer)
+    error = reply["error"]
     assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str) and "code" in error and "param" in error
+    if door in (MESSAGES, COUNT):  # Anthropic's shape
+        assert reply["type"] == "error" and isinstance(error["type"], str), answer[:300]
+    else:
+        assert isinstance(error["type"], str) and "code" in error and "param" in error
 
 
 HOW = st.sampled_from(["plain", "plain", "chunked", "gzip", "bare"])
+# A good request at each door, and how each door's stream ends when it is complete.
+GOOD: dict[str, dict[str, Any]] = {
+    CHAT: {"model": "private", "messages": [USER]},
+    COMPLETIONS: {"model": "private", "prompt": "hello"},
+    MESSAGES: {"model": "private", "max_tokens": 16, "messages": [USER]},
+    COUNT: {"model": "private", "messages": [USER]},
+    RESPONSES: {"model": "private", "input": "hello"},
+}
+STREAM_END = {CHAT: b"\ndata: [DONE]\n", COMPLETIONS: b"\ndata: [DONE]\n",
+              MESSAGES: b"event: message_stop\n", RESPONSES: b"event: response.completed\n"}
 
 
 @pytest.mark.parametrize("door", DOORS)
@@ -211,7 +246,7 @@ def test_every_fuzzed_body_gets_a_clean_answer(rig: Rig, door: str, data: st.Dat
     body = data.draw(bodies(door))
     status, content_type, answer = post(rig, door, body, how)
     SEEN[f"{door} {status}"] += 1
-    assert_clean(status, content_type, answer)
+    assert_clean(door, status, content_type, answer)
 
 
 HEADER_BYTES = st.binary(min_size=1, max_size=64).filter(lambda b: b"\r\n\r\n" not in b)
@@ -243,23 +278,28 @@ def test_after_the_fuzz_the_proxy_and_seats_serve(rig: Rig) -> None:
     and a good request at each door is answered by a seat."""
     assert rig.proxy.poll() is None
     assert all(p.poll() is None for p in rig.fakes.values())
-    for door, body in ((DOORS[0], {"model": "private", "messages": [USER]}),
-                       (DOORS[1], {"model": "private", "prompt": "hello"})):
-        status, _, answer = post(rig, door, json.dumps(body).encode(), "plain")
+    for door in (CHAT, COMPLETIONS, MESSAGES, RESPONSES):
+        status, _, answer = post(rig, door, json.dumps(GOOD[door]).encode(), "plain")
         assert status == 200, answer[:300]
         reply = json.loads(answer)
-        assert reply["model"] == "brain" and reply["choices"]
+        assert reply["model"] == "brain", answer[:300]
     counters = rig.counters()["proxy"]
     assert counters["bad_requests"] > 0
+    # each door counted its own requests and refusals
+    for name in ("chat", "completions", "messages", "responses"):
+        assert counters["door_requests"][name] > 0
+        assert sum(counters["door_errors"][name].values()) > 0
 
 
 # -- a longer, coverage-guided run of the doors' parsers (atheris) ------------------
 
 
 def parse_one(data: bytes) -> None:
-    """One input to both doors' parsers: it parses, or it is refused with a 4xx in the
+    """One input to every door's parser: it parses, or it is refused with a 4xx in the
     OpenAI shape; anything else raised is a crash."""
+    from proxyd.anthropic_api import read_count_tokens, read_messages
     from proxyd.openai_api import parse_chat, parse_completion, tools_json
+    from proxyd.openai_responses_api import read_responses
     from shared.errors import ClientError
 
     for limits in (L, SMALL):
@@ -268,10 +308,11 @@ def parse_one(data: bytes) -> None:
             tools_json(req)
         except ClientError as exc:
             assert 400 <= exc.status < 500 and exc.body()["error"]["message"]
-        try:
-            parse_completion(data, limits)
-        except ClientError as exc:
-            assert 400 <= exc.status < 500 and exc.body()["error"]["message"]
+        for read in (parse_completion, read_messages, read_count_tokens, read_responses):
+            try:
+                read(data, limits)
+            except ClientError as exc:
+                assert 400 <= exc.status < 500 and exc.body()["error"]["message"]
 
 
 # Limits small enough for random inputs to cross them.
@@ -287,6 +328,8 @@ if __name__ == "__main__":
     import atheris
 
     with atheris.instrument_imports(include=["proxyd"]):
-        import proxyd.openai_api  # noqa: F401
+        import proxyd.anthropic_api
+        import proxyd.openai_api
+        import proxyd.openai_responses_api  # noqa: F401
     atheris.Setup(sys.argv, parse_one)
     atheris.Fuzz()
