@@ -12,7 +12,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,23 @@ class Sanctum:
         self.log.close()
         self.out.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextmanager
+def running(config: Callable[[int], str] | None = None, seats: tuple[str, ...] = ("demo",),
+            *, env: dict[str, str] | None = None, timeout: float = 180) -> Iterator[Sanctum]:
+    """`sanctum up` on a free port with `config(port)` (the demo config when None), ready
+    once every seat in `seats` is; stopped on leaving, proven clean (exit 0, its whole
+    tree gone, no socket files left). An error inside kills everything and is raised."""
+    port = free_port()
+    s = Sanctum(config(port) if config is not None else None, port=port, env=env)
+    try:
+        s.wait_ready(seats, timeout=timeout)
+        yield s
+    except BaseException:
+        s.kill_everything()
+        raise
+    assert s.stop() == 0
 
 
 def wait_for(what: str, cond: Callable[[], Any], timeout: float = 60,

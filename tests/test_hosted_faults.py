@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -28,6 +27,7 @@ from tests.hosted_rig import (
     streamed_text,
     text_of,
 )
+from tests.procs import wait_for
 
 PRIMARY = "primary says hi "
 BACKUP = "backup answers here "
@@ -97,10 +97,9 @@ def test_a_client_gone_during_the_back_off_is_never_tried_for_again(make_rig: Ma
     rig = make_rig(primary=["status:429:retry_after=2", "ok"])
     with pytest.raises(OSError):  # the client gives up after 0.5 s and closes
         rig.chat(timeout=0.5)
-    deadline = time.monotonic() + 10
-    while rig.counters()["proxy"].get("client_disconnects", 0) == 0:
-        assert time.monotonic() < deadline, "the departed client was never noticed"
-        time.sleep(0.05)
+    wait_for("the departed client noticed",
+             lambda: rig.counters()["proxy"].get("client_disconnects", 0), timeout=10,
+             logs=rig.logs)
     assert rig.tries() == (1, 0)
     still_serves(rig)
 
@@ -422,9 +421,8 @@ def test_half_open_admits_one_probe(make_rig: MakeRig) -> None:
     probe = threading.Thread(target=ask, args=("probe",))
     probe.start()
     # The second request goes only once the probe is at the primary (it answers in 1.5 s).
-    deadline = time.monotonic() + 10
-    while len(rig.primary.requests) == before and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for("the probe at the primary", lambda: len(rig.primary.requests) > before,
+             timeout=10, logs=rig.logs)
     assert len(rig.primary.requests) == before + 1
     ask("beside")
     probe.join()
