@@ -7,21 +7,22 @@ drafter, speculation off by request, the kill switch (a seat with `speculation =
 the prompt cache warm and cold; before and after a seat restart; the fp16 and q8 lanes,
 each against itself.  On the demo target and on the hybrid demo target.  Each variant is
 sent twice, once streamed and once sync, the second pass in reverse order, so that the
-adaptive seat's statistics differ between the two sends.
+adaptive seat's statistics differ between the two sends.  The seats answer side by side
+(one client thread per seat), each seat its own requests in that order.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import openai
 import pytest
 
-from tests.procs import Sanctum, free_port, packaged_config
+from tests.procs import Sanctum, packaged_config, running, wait_for
 from tests.spec_models import snippet
 
 pytestmark = pytest.mark.slow
@@ -85,20 +86,16 @@ TEMPERATURES = [0.4, 0.7, 1.0]
 # Longer than one 512-token prefill chunk, so that a repeated request resumes warm.
 PROMPT = snippet(2200)
 SEED = 7
+# Two verify rounds or more at every pinned depth (1 to 5): a position the rounds key
+# differently from the plain path shows up in the bytes.
+TOKENS = 8
 
 
 @pytest.fixture(scope="module")
 def up() -> Iterator[Sanctum]:
-    port = free_port()
-    config = packaged_config(port)
-    s = Sanctum(config + EXTRA_SEATS, port=port)
-    try:
-        s.wait_ready(("demo", "lookup", "nospec", "hybrid"))
+    with running(lambda port: packaged_config(port) + EXTRA_SEATS,
+                 ("demo", "lookup", "nospec", "hybrid")) as s:
         yield s
-    except BaseException:
-        s.kill_everything()
-        raise
-    assert s.stop() == 0
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +112,7 @@ class Answer:
 def ask(client: openai.OpenAI, endpoint: str, temperature: float, variant: Variant,
         stream: bool) -> Answer:
     route, options = variant
-    args: dict[str, Any] = dict(model=route, max_tokens=16, temperature=temperature, top_p=0.9,
+    args: dict[str, Any] = dict(model=route, max_tokens=TOKENS, temperature=temperature, top_p=0.9,
                                 seed=SEED, extra_body={"top_k": 20, "sanctum": options})
     if endpoint == "chat":
         messages = [{"role": "user", "content": PROMPT}]
@@ -165,6 +162,22 @@ def both_passes(client: openai.OpenAI, endpoint: str, temperature: float,
     return out
 
 
+def every_family(client: openai.OpenAI, endpoint: str,
+                 temperature: float) -> dict[str, list[tuple[Variant, bool, Answer]]]:
+    """Both passes of every family, one thread per seat: the seats answer side by side,
+    and each seat gets its requests in the order it would alone (family after family)."""
+    routes = list(dict.fromkeys(v[0] for variants in FAMILIES.values() for v in variants))
+
+    def one_seat(route: str) -> dict[str, list[tuple[Variant, bool, Answer]]]:
+        return {family: both_passes(client, endpoint, temperature,
+                                    [v for v in variants if v[0] == route])
+                for family, variants in FAMILIES.items()}
+
+    with ThreadPoolExecutor(len(routes)) as pool:
+        seats = list(pool.map(one_seat, routes))
+    return {family: [a for seat in seats for a in seat[family]] for family in FAMILIES}
+
+
 def _expected_speculation(variant: Variant) -> set[str]:
     route, options = variant
     if options.get("speculation") is False:
@@ -173,7 +186,7 @@ def _expected_speculation(variant: Variant) -> set[str]:
         return {"declined:kill_switch"}
     if options.get("draft_depth"):
         return {"accelerated"}
-    # Adaptive may park; lookup may find nothing to copy in 16 tokens.
+    # Adaptive may park; lookup may find nothing to copy in so few tokens.
     return {"accelerated", "declined:not_profitable", "declined:no_proposal"}
 
 
@@ -184,8 +197,8 @@ def test_a_seeded_answer_is_the_same_on_every_path(client: openai.OpenAI, endpoi
     """Same bytes on every variant of a family (a target and a KV lane), streamed or sync,
     in either order; the fingerprint is one per family, and differs between families."""
     prints: dict[str, str | None] = {}
-    for family, variants in FAMILIES.items():
-        answers = both_passes(client, endpoint, temperature, variants)
+    for family, answers in every_family(client, endpoint, temperature).items():
+        assert len(answers) == 2 * len(FAMILIES[family]), family
         texts = {(v[0], str(v[1]), stream): a.text for v, stream, a in answers}
         assert answers[0][2].text, family
         assert len(set(texts.values())) == 1, (family, texts)
@@ -207,23 +220,34 @@ def test_a_seat_restart_changes_no_seeded_answer(up: Sanctum, client: openai.Ope
     fingerprint (the new worker has no statistics, no cache)."""
     cases = [(e, t, v) for e in ("chat", "completion") for t in (0.7,)
              for v in (DEMO[0], HYBRID[0])]
-    before = [ask(client, e, t, v, stream=False) for e, t, v in cases]
-    for seat in ("demo", "hybrid"):
-        pid = up.worker_pid(seat)
+
+    def sends(streams: tuple[bool, ...]) -> list[Answer]:
+        """Every case sent each way in `streams`, the two seats side by side."""
+        def one_seat(route: str) -> dict[int, list[Answer]]:
+            return {i: [ask(client, e, t, v, stream=s) for s in streams]
+                    for i, (e, t, v) in enumerate(cases) if v[0] == route}
+
+        with ThreadPoolExecutor(2) as pool:
+            seats = list(pool.map(one_seat, ("demo", "hybrid")))
+        return [a for i in range(len(cases)) for seat in seats for a in seat.get(i, [])]
+
+    before = sends((False,))
+    pids = {seat: up.worker_pid(seat) for seat in ("demo", "hybrid")}
+    for seat in pids:  # both restart at once: their new workers load side by side
         done = subprocess.run([sys.executable, "-m", "sanctum.cli", "restart", seat,
                                "--config", str(up.config)], env=up.env, capture_output=True,
                               text=True, timeout=60)
         assert done.returncode == 0, done.stderr
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            h = up.health()["seats"][seat]
-            if h["ready"] and h["pid"] != pid:
-                break
-            time.sleep(0.2)
-        else:
-            raise AssertionError(f"{seat} did not come back")
+    wait_for("both seats back with new workers",
+             lambda: all(_restarted(up.health()["seats"][seat], pid)
+                         for seat, pid in pids.items()), timeout=120, logs=up.logs)
     up.remember_tree()
-    after = [ask(client, e, t, v, stream=s) for e, t, v in cases for s in (True, False)]
+    after = sends((True, False))
     for i, b in enumerate(before):
         for a in after[2 * i : 2 * i + 2]:
             assert (a.text, a.fingerprint) == (b.text, b.fingerprint), cases[i]
+
+
+def _restarted(health: dict[str, Any], pid: int) -> bool:
+    """A seat's /health entry says it is ready on a worker other than `pid`."""
+    return bool(health["ready"]) and health["pid"] != pid
