@@ -17,7 +17,7 @@ import pytest
 import zmq
 
 from shared import protocol
-from tests.procs import Sanctum, free_port, http
+from tests.procs import Sanctum, http, running, wait_for
 from tests.spec_models import snippet
 
 pytestmark = pytest.mark.slow
@@ -46,15 +46,8 @@ ladder = ["demo"]
 
 @pytest.fixture(scope="module")
 def up() -> Iterator[Sanctum]:
-    port = free_port()
-    s = Sanctum(CONFIG.format(port=port), port=port)
-    try:
-        s.wait_ready(("demo",))
+    with running(lambda port: CONFIG.format(port=port)) as s:
         yield s
-    except BaseException:
-        s.kill_everything()
-        raise
-    assert s.stop() == 0
 
 
 def assert_busy_refusals(s: Sanctum, refusals: list[tuple[int, dict[str, str], bytes]],
@@ -73,8 +66,10 @@ def assert_busy_refusals(s: Sanctum, refusals: list[tuple[int, dict[str, str], b
 
 
 def test_a_full_queue_is_refused_with_retry_after(up: Sanctum) -> None:
+    """Behind a decoding request, one waits in the queue and four more are refused; once
+    the refusals are counted the decoding client leaves, and the waiting one is served."""
     client = openai.OpenAI(base_url=up.url + "/v1", api_key="x", max_retries=0, timeout=300)
-    started = threading.Event()
+    started, leave = threading.Event(), threading.Event()
     long_text: list[str] = []
 
     def long_request() -> None:
@@ -83,6 +78,9 @@ def test_a_full_queue_is_refused_with_retry_after(up: Sanctum) -> None:
         for chunk in stream:
             started.set()
             long_text.append(chunk.choices[0].text if chunk.choices else "")
+            if leave.is_set():  # no need to wait out the rest of its decode
+                stream.close()
+                return
 
     queued: list[int] = []
     answers: list[bytes] = []
@@ -100,16 +98,15 @@ def test_a_full_queue_is_refused_with_retry_after(up: Sanctum) -> None:
     b = threading.Thread(target=queued_request)
     b.start()
     # b takes the seat's one queue place behind the decoding request.
-    deadline = time.monotonic() + 60
-    while up.health()["seats"]["demo"]["queued"] != 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert up.health()["seats"]["demo"]["queued"] == 1
+    wait_for("one request queued", lambda: up.health()["seats"]["demo"]["queued"] == 1,
+             logs=up.logs)
     refusals = []
     for _ in range(4):  # more than the breaker's threshold
         refusals.append(http("POST", up.url + "/v1/completions",
                              {"model": "demo", "prompt": "x = 1", "max_tokens": 2}))
     assert a.is_alive(), "the long request ended before the queue was tested"
     assert_busy_refusals(up, refusals, "queue_full")
+    leave.set()
     b.join(300)
     a.join(300)
     assert queued == [200] and "".join(long_text), answers
@@ -123,12 +120,9 @@ def test_a_request_waiting_too_long_in_the_queue_is_busy_not_broken() -> None:
     are taken back: 503 `overloaded` with Retry-After, the seat's circuit untouched, the
     seat drops them unstarted (counted cancelled), and the decode in flight goes on until
     its client closes it (the fifth cancel)."""
-    port = free_port()
-    config = CONFIG.format(port=port).replace(
+    config = CONFIG.replace(
         "max_queued = 1", "max_queued = 4\nqueue_timeout_s = 2.0\nfirst_token_timeout_s = 30")
-    s = Sanctum(config, port=port)
-    try:
-        s.wait_ready(("demo",))
+    with running(lambda port: config.format(port=port)) as s:
         assert _frames_of_one_request(s) == ["started", "chunk", "chunk", "chunk", "final"]
         base = _seat(s)
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=300)
@@ -149,10 +143,8 @@ def test_a_request_waiting_too_long_in_the_queue_is_busy_not_broken() -> None:
         for t in askers:
             t.join(120)
         # Taken back, they gave their queue places up at once (the decode still runs).
-        deadline = time.monotonic() + 10
-        while s.health()["seats"]["demo"]["queued"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert s.health()["seats"]["demo"]["queued"] == 0
+        wait_for("the queue empty", lambda: s.health()["seats"]["demo"]["queued"] == 0,
+                 timeout=10, logs=s.logs)
         seat = _seat(s)
         assert seat["cancelled"] - base["cancelled"] == 4
         assert seat["served"] == base["served"], "the long decode ended before it was closed"
@@ -167,10 +159,6 @@ def test_a_request_waiting_too_long_in_the_queue_is_busy_not_broken() -> None:
         status, _, _ = http("POST", s.url + "/v1/completions",
                             {"model": "demo", "prompt": "x = 1", "max_tokens": 2})
         assert status == 200
-    except BaseException:
-        s.kill_everything()
-        raise
-    assert s.stop() == 0
 
 
 def test_a_client_that_leaves_while_queued_gives_its_place_up_at_once(up: Sanctum) -> None:
@@ -199,10 +187,8 @@ def test_a_client_that_leaves_while_queued_gives_its_place_up_at_once(up: Sanctu
     conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
                  body=json.dumps({"model": "demo", "prompt": "def f(x):", "max_tokens": 50,
                                   "stream": True}))
-    deadline = time.monotonic() + 60
-    while up.health()["seats"]["demo"]["queued"] != 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert up.health()["seats"]["demo"]["queued"] == 1
+    wait_for("one request queued", lambda: up.health()["seats"]["demo"]["queued"] == 1,
+             logs=up.logs)
     assert conn.sock is not None
     conn.sock.close()
     conn.close()
@@ -230,12 +216,15 @@ def _seat(s: Sanctum) -> dict[str, Any]:
 
 def _wait_seat(s: Sanctum, ok: Any, timeout: float = 60) -> dict[str, Any]:
     """The seat's counters once `ok(counters)` holds, or as they are at the deadline."""
-    deadline = time.monotonic() + timeout
-    seat = _seat(s)
-    while not ok(seat) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    def met() -> dict[str, Any] | None:
         seat = _seat(s)
-    return seat
+        return seat if ok(seat) else None
+
+    try:
+        found: dict[str, Any] = wait_for("the seat's counters", met, timeout=timeout)
+        return found
+    except AssertionError:  # the caller's assertion says what the counters show
+        return _seat(s)
 
 
 def _tokens_decoded(s: Sanctum) -> int:
