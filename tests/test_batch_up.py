@@ -22,7 +22,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.procs import Sanctum, free_port, packaged_config
+from tests.procs import Sanctum, packaged_config, running, wait_for
 from tests.spec_models import snippet
 
 pytestmark = pytest.mark.slow
@@ -43,16 +43,8 @@ REQUESTS: list[tuple[str, str, float, float, int, int, int, list[str] | None]] =
 
 @pytest.fixture(scope="module")
 def up() -> Iterator[Sanctum]:
-    port = free_port()
-    config = packaged_config(port)
-    s = Sanctum(config, port=port, env={"SANCTUM_FAULT_ROW": MARKER})
-    try:
-        s.wait_ready(("demo",))
+    with running(packaged_config, env={"SANCTUM_FAULT_ROW": MARKER}) as s:
         yield s
-    except BaseException:
-        s.kill_everything()
-        raise
-    assert s.stop() == 0
 
 
 @pytest.fixture(scope="module")
@@ -167,11 +159,13 @@ def test_rows_batch_stream_equals_sync_and_faults_stay_in_their_row(
         assert faulted[i]["text"] == streamed[i]["text"], i
 
     served = [a for run in (streamed, synced, faulted) for a in run.values() if "text" in a]
-    deadline = time.monotonic() + 30  # the cancel reaches the seat after the client left
-    after = seat(up)
-    while after["cancelled"] == before["cancelled"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-        after = seat(up)
+
+    def cancel_counted() -> dict[str, Any] | None:
+        now = seat(up)
+        return now if now["cancelled"] > before["cancelled"] else None
+
+    # The cancel reaches the seat after the client left.
+    after = wait_for("the seat counting the cancel", cancel_counted, timeout=30, logs=up.logs)
     assert after["served"] - before["served"] == len(served) == 3 * len(REQUESTS) - 2
     assert after["completion_tokens"] - before["completion_tokens"] == sum(
         a["tokens"] for a in served)
