@@ -12,7 +12,7 @@ import openai
 import psutil
 import pytest
 
-from tests.procs import Sanctum, assert_gone, http
+from tests.procs import Sanctum, assert_gone, http, running, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -21,15 +21,11 @@ PROMPT = [{"role": "user", "content": "def fibonacci(n):"}]
 
 @pytest.fixture(scope="module")
 def up() -> Iterator[Sanctum]:
-    s = Sanctum()
-    try:
-        s.wait_ready()
+    """One `sanctum up` for the module; leaving it is the SIGTERM test: `running` sends
+    SIGTERM and proves proxyd, seatd and every worker gone, no socket file left."""
+    with running() as s:
+        assert len(s.remember_tree()) >= 4, "expected up, proxyd, seatd and a worker"
         yield s
-    except BaseException:
-        s.kill_everything()
-        raise
-    code = s.stop()
-    assert code == 0, s.logs()[-3000:]
 
 
 @pytest.fixture
@@ -144,14 +140,9 @@ def test_killed_worker_is_restarted_and_serves_again(up: Sanctum,
     pid = up.worker_pid()
     os.kill(pid, signal.SIGKILL)
     assert_gone({pid}, timeout=10)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        h = up.health()["seats"]["demo"]
-        if h["ready"] and h["pid"] != pid:
-            break
-        time.sleep(0.2)
-    else:
-        raise AssertionError("worker not restarted")
+    wait_for("the worker restarted",
+             lambda: (h := up.health()["seats"]["demo"])["ready"] and h["pid"] != pid,
+             timeout=120, logs=up.logs)
     up.remember_tree()
     r = client.completions.create(model="demo", prompt="y = ", max_tokens=2)
     assert r.model == "demo"
@@ -170,19 +161,6 @@ def test_sigterm_to_seatd_alone_leaves_nothing() -> None:
         workers = s.remember_tree() - {s.proc.pid}
         assert workers, "seatd spawned no worker"
         assert all(psutil.pid_exists(p) for p in workers)
-    except BaseException:
-        s.kill_everything()
-        raise
-    assert s.stop() == 0
-
-
-def test_sigterm_to_up_leaves_nothing() -> None:
-    """SIGTERM to `sanctum up` stops proxyd, seatd and every worker: no process, no socket."""
-    s = Sanctum()
-    try:
-        s.wait_ready()
-        tree = s.remember_tree()
-        assert len(tree) >= 4, "expected up, proxyd, seatd and a worker"
     except BaseException:
         s.kill_everything()
         raise
