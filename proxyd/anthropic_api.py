@@ -98,7 +98,9 @@ class AnthropicTool(msgspec.Struct, frozen=True):
     """A client tool; a server tool (bash_..., web_search_..., any other type) is a 400."""
 
     name: Name
-    input_schema: dict[str, Any]
+    # required of a client tool; optional here so that a server tool, which has none,
+    # is refused for its type (`tool_list`), not for a missing schema
+    input_schema: dict[str, Any] | None = None
     description: str | None = None
     type: str | None = None  # "custom" or absent
     strict: bool | None = None
@@ -415,6 +417,9 @@ def tool_list(req: _Body) -> list[Tool]:
             raise BadRequest(f"tools of type {t.type[:64]!r} (Anthropic's server tools) are "
                              "not supported; client tools (name, description, "
                              "input_schema) are", param=f"tools[{i}].type")
+        if t.input_schema is None:
+            raise BadRequest("a client tool needs its input_schema",
+                             param=f"tools[{i}].input_schema")
         out.append(Tool("function", FunctionSpec(t.name, t.description, t.input_schema,
                                                  t.strict)))
     return out

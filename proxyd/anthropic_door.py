@@ -25,8 +25,9 @@ the model's turn ended the answer (the stop string is cut before it is sent), so
 answer says end_turn with stop_sequence null.
 
 The stream's usage: message_start has input_tokens 0 (the prompt is counted by the seat,
-whose count arrives with the answer's end); message_delta carries input_tokens,
-output_tokens and cache_read_input_tokens, which Anthropic's SDK takes as the totals.
+whose count arrives with the answer's end); message_delta carries input_tokens (the
+prompt's tokens less those read from the prompt cache), output_tokens and
+cache_read_input_tokens, which Anthropic's SDK takes as the totals.
 The SDK reads every event to the end of the stream and passes by one it does not know,
 so the trailer reaches who looks for it; its data names its `type` as Anthropic's do.
 """
@@ -59,11 +60,19 @@ def error_type(status: int) -> str:
     return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
+PROMPT_TOO_LONG = "prompt_too_long"
+
+
 def error_body(exc: SanctumError) -> dict[str, Any]:
     """{"type": "error", "error": {"type", "message", "code", "param", ...extras}}: the
     extras (prompt_tokens, cap, seat, attempts ...) as in the OpenAI shape."""
     error = dict(exc.body()["error"])
     error["type"] = error_type(exc.status)
+    if exc.code == PROMPT_TOO_LONG and "prompt_tokens" in error and "cap" in error:
+        # Anthropic's own words first: Claude Code reads "prompt is too long" as a
+        # context past the model's, and offers to compact the conversation.
+        error["message"] = (f"prompt is too long: {error['prompt_tokens']} tokens > "
+                            f"{error['cap']} maximum ({error['message']})")
     return {"type": "error", "error": error}
 
 
@@ -106,7 +115,11 @@ def tool_input(arguments: str) -> dict[str, Any]:
 
 
 def usage_body(u: Usage) -> dict[str, int]:
-    return {"input_tokens": u.prompt_tokens, "output_tokens": u.completion_tokens,
+    """Anthropic's usage: `input_tokens` are the prompt's tokens not read from the cache,
+    so that input_tokens + cache_read_input_tokens is the whole prompt, as Anthropic
+    defines them (clients add the two to know a conversation's size)."""
+    return {"input_tokens": u.prompt_tokens - u.cached_tokens,
+            "output_tokens": u.completion_tokens,
             "cache_read_input_tokens": u.cached_tokens}
 
 

@@ -71,7 +71,8 @@ def test_text_sync_streamed_and_counted(client: anthropic.Anthropic) -> None:
     assert _sanctum(message)["seat"] == "brain"
     counted = client.messages.count_tokens(model="private", system=args["system"],
                                            messages=args["messages"])
-    assert counted.input_tokens == message.usage.input_tokens
+    assert counted.input_tokens == (message.usage.input_tokens
+                                    + (message.usage.cache_read_input_tokens or 0))
 
     with client.messages.stream(**args) as stream:
         pieces = list(stream.text_stream)
