@@ -23,6 +23,7 @@ from proxyd.journey import Journey
 from proxyd.proxy import Proxy
 from proxyd.responses import Door
 from shared.config import RouteConfig
+from shared.errors import SanctumError
 from shared.protocol import Generate
 
 STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -102,6 +103,17 @@ async def serve(request: web.Request, proxy: Proxy, door: Door, route: RouteConf
                         extra["over_cap"] = event.over_cap
                     await _write(response, door.error_event(event.message, event.code, extra))
                     return response
+    except SanctumError as exc:
+        # Refused after the commit (a continuing rung whose template refuses the chat):
+        # the headers are gone, so the stream ends with the door's error event; before
+        # the commit the error middleware answers it in the door's shape.
+        if response is None:
+            raise
+        proxy.counters.inc("midstream_aborts")
+        proxy.counters.inc("door_errors", door.name, "midstream")
+        await _write(response, door.error_event(exc.message, exc.code,
+                                                {"seat": journey.seat, **exc.extra}))
+        return response
     except asyncio.CancelledError:
         # The proxy is stopping past its drain: end a begun answer honestly.
         if response is not None:

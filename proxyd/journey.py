@@ -68,7 +68,7 @@ from proxyd.readiness import rung_states
 from proxyd.seat_client import SeatClient
 from proxyd.seat_state import SeatState
 from shared.config import RouteConfig
-from shared.errors import Loading, client_error
+from shared.errors import BadRequest, Loading, client_error
 from shared.protocol import (
     Chunk,
     Failed,
@@ -82,6 +82,9 @@ from shared.protocol import (
 )
 
 log = structlog.get_logger()
+# The skip of a rung that could not take a begun answer: its chat template refused the
+# chat (a 400 before the commit, where it is the request's fault).
+TEMPLATE_REFUSED = "template_refused"
 
 
 def may_continue(gen: Generate, hosted: bool) -> bool:
@@ -170,8 +173,16 @@ class Journey:
                     continue
                 memo = {}  # a longer prompt: counted again for every rung
             pong = client.pong if isinstance(client, SeatClient) else None
-            verdict = await proxy.admission.judge(seat_cfg, gen, memo,
-                                                  pong.max_prompt_tokens if pong else 0)
+            try:
+                verdict = await proxy.admission.judge(seat_cfg, gen, memo,
+                                                      pong.max_prompt_tokens if pong else 0)
+            except BadRequest:
+                if not self.committed:
+                    raise
+                # A continuing rung whose chat template refuses the chat (another model
+                # family than the rung that began the answer): it cannot continue it.
+                self.record(name, Skipped(TEMPLATE_REFUSED))
+                continue
             if (verdict.admitted and not self.committed and isinstance(client, SeatClient)
                     and client.state is SeatState.LOADING):
                 waited = await self.wait_for_load(self.plan.rungs[i:])

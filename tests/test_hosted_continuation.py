@@ -198,6 +198,38 @@ def test_a_rung_that_refuses_prefill_is_not_the_failure_reported(make_rig: MakeR
     assert rig.counters()["proxy"]["circuits"]["backup"] == "closed"
 
 
+def test_a_rung_whose_template_refuses_the_continuation_is_passed_over(
+        make_rig: MakeRig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A continuing rung whose chat template refuses the chat with the answer so far
+    (a 400 from admission, as a template of another model family raises): after the
+    commit that is no client error to answer with a second response, but a rung that
+    cannot continue. It is passed over, never called, and the stream ends with the
+    error event of the rung that broke; the door counts it as a midstream error."""
+    from proxyd.admission import Admission
+    from shared.errors import BadRequest
+
+    judge = Admission.judge
+
+    async def refusing(self: Admission, seat: Any, gen: Any, memo: Any,
+                       reported_cap: int = 0) -> Any:
+        if seat.name == "backup" and gen.prefix:
+            raise BadRequest("the template refuses a trailing assistant turn",
+                             param="messages")
+        return await judge(self, seat, gen, memo, reported_cap)
+
+    monkeypatch.setattr(Admission, "judge", refusing)
+    rig = make_rig(primary=["cut:20"], clock=ManualClock())
+    _, datas, names = stream(rig)
+    assert streamed_text(datas) == words(20) and names == ["error"]
+    err = datas[-1]["error"]
+    assert err["seat"] == "primary" and "stream_cut" in err["message"]
+    assert err["attempts"] == "primary=failed:stream_cut; backup=skipped:template_refused"
+    assert rig.tries() == (1, 0)
+    proxy = rig.counters()["proxy"]
+    assert proxy["door_errors"] == {"chat": {"midstream": 1}}
+    assert proxy["door_requests"] == {"chat": 1}
+
+
 def test_a_continuation_is_admitted_again_with_its_longer_prompt(make_rig: MakeRig) -> None:
     """The prompt with the answer so far must fit the continuing rung's cap: a backup
     whose cap (100 tokens past its margin) holds the question (an estimate of 21) but not
