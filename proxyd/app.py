@@ -74,6 +74,8 @@ def error_response(exc: SanctumError, rid: str | None = None,
         headers["X-Sanctum-Ignored"] = ignored
     if exc.retry_after_s is not None:
         headers["Retry-After"] = str(exc.retry_after_s)
+    if exc.should_retry is False:
+        headers["x-should-retry"] = "false"
     if exc.status == 401:  # RFC 9110: a 401 names the scheme it wants
         headers["WWW-Authenticate"] = 'Bearer realm="sanctum"'
     return json_response(exc.body() if body is None else body, exc.status, headers or None)
@@ -88,7 +90,9 @@ def _refused(request: web.Request, exc: SanctumError) -> web.Response:
         counters.inc("input_refused", field)
     door = door_of(request.path)
     body, kind = error_body(door, exc)
-    if door == "messages" and request.get(RID):  # Anthropic's errors name their request
+    if door is not None and RID not in request:  # refused before its handler ran
+        request[RID] = request_id(request)
+    if door == "messages":  # Anthropic's errors name their request
         body["request_id"] = request[RID]
     if door is not None:
         counters.inc("door_errors", door, kind)
@@ -232,8 +236,10 @@ async def count_tokens(request: web.Request) -> web.Response:
     counted = await proxy.admission.count(
         [proxy.config.seat_by_name(n) for n in route.ladder], gen)
     if counted is None:
-        raise SanctumError(f"no rung of the route {route.model!r} can count tokens here",
-                           code="no_tokenizer", status=503)
+        refusal = SanctumError(f"no rung of the route {route.model!r} can count tokens "
+                               "here", code="no_tokenizer", status=501)
+        refusal.should_retry = False  # no retry would change it
+        raise refusal
     tokens, seat = counted
     return json_response({"input_tokens": tokens},
                          headers={"X-Request-Id": rid, "X-Sanctum-Seat": seat, **headers})

@@ -34,6 +34,9 @@ class SanctumError(Exception):
     type = "server_error"
     code = "internal_error"
     retry_after_s: int | None = None  # set: the response says Retry-After
+    # False: the response says `x-should-retry: false`, which the openai and anthropic
+    # SDKs obey (they retry every 5xx otherwise) for an error no retry would change
+    should_retry: bool | None = None
 
     def __init__(self, message: str, *, code: str | None = None, status: int | None = None,
                  param: str | None = None, **extra: Any) -> None:
