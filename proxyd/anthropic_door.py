@@ -217,3 +217,7 @@ class MessagesDoor:
     def trailer(self, a: Answer) -> bytes:
         """The `sanctum` object again, after message_stop, for who reads on."""
         return event("sanctum", {"type": "sanctum", "sanctum": a.sanctum()})
+
+    def keepalive(self) -> bytes:
+        """Anthropic's own keep-alive, which its SDK passes over."""
+        return PING

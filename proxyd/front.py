@@ -8,7 +8,8 @@ answering seat's first text, or its whole answer), so `X-Sanctum-Seat` and
 `X-Sanctum-Attempts` are true when they leave (the attempt that began the answer is
 listed as `streaming`: it has not ended yet); `headers` are the door's own, sent
 with them (X-Sanctum-Ignored).  A write that fails, or a client
-whose transport is closing, ends the journey as a departure.
+whose transport is closing, ends the journey as a departure.  A begun stream quiet for
+`keepalive_s` gets the door's keep-alive (`KeepAlive`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ async def _write(response: web.StreamResponse, data: bytes) -> bool:
 async def _commit(request: web.Request, door: Door, answer: Answer,
                   headers: dict[str, str]) -> web.StreamResponse | None:
     """Send the headers (and the door's opening chunk, if it has one); None when the
-    client is already gone."""
+    client is already gone.  Only a stream commits before its end."""
     response = web.StreamResponse(headers={**STREAM_HEADERS, **answer.headers(), **headers})
     try:
         await response.prepare(request)
@@ -57,6 +58,34 @@ async def _commit(request: web.Request, door: Door, answer: Answer,
     return response
 
 
+class KeepAlive:
+    """The door's keep-alive, written into a begun stream whenever nothing else was
+    written for `every` seconds (config `keepalive_s`): a tool call held whole until
+    it parses, or a stall within its budget, is quiet for long stretches, and a
+    client or a proxy between may take the quiet for a dead connection.  Each write is
+    one transport write, so a keep-alive never lands inside another event."""
+
+    def __init__(self, response: web.StreamResponse, door: Door, every: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.response, self.door, self.every = response, door, every
+        self.last = self.loop.time()
+        self.task = asyncio.create_task(self._run())
+
+    def wrote(self) -> None:
+        self.last = self.loop.time()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.0, self.last + self.every - self.loop.time()))
+            if self.loop.time() - self.last >= self.every:
+                if not await _write(self.response, self.door.keepalive()):
+                    return
+                self.wrote()
+
+    def stop(self) -> None:
+        self.task.cancel()
+
+
 async def serve(request: web.Request, proxy: Proxy, door: Door, route: RouteConfig,
                 gen: Generate, headers: dict[str, str] | None = None) -> web.StreamResponse:
     own = headers or {}
@@ -64,20 +93,23 @@ async def serve(request: web.Request, proxy: Proxy, door: Door, route: RouteConf
                       lambda: gone(request))
     response: web.StreamResponse | None = None
     answer: Answer | None = None
+    quiet: KeepAlive | None = None
     try:
         async with aclosing(journey.events()) as events:
             async for event in events:
                 if type(event) is Text:
-                    assert response is not None and answer is not None
+                    assert response is not None and answer is not None and quiet is not None
                     if gone(request) or not await _write(response, door.text(answer, event)):
                         journey.left()
                         return response
+                    quiet.wrote()
                 elif isinstance(event, Commit):
                     answer = event.answer
                     response = await _commit(request, door, answer, own)
                     if response is None:
                         journey.left()
                         return web.Response(status=499)
+                    quiet = KeepAlive(response, door, proxy.config.proxy.keepalive_s)
                 elif isinstance(event, Done):
                     a = event.answer
                     if not door.stream:
@@ -123,4 +155,7 @@ async def serve(request: web.Request, proxy: Proxy, door: Door, route: RouteConf
                 "the proxy stopped before the answer was complete", "proxy_shutdown",
                 {"seat": journey.seat}))
         raise
+    finally:
+        if quiet is not None:
+            quiet.stop()
     return response or web.Response(status=499)

@@ -45,7 +45,7 @@ from typing import Any
 import msgspec
 
 from proxyd.events import Answer, Done, Text
-from proxyd.responses import chat_logprobs
+from proxyd.responses import KEEPALIVE, chat_logprobs
 from shared.protocol import TokenLogprob, ToolCall, Usage
 
 _encode = msgspec.json.encode
@@ -253,3 +253,7 @@ class ResponsesDoor:
 
     def trailer(self, a: Answer) -> bytes:
         return b""
+
+    def keepalive(self) -> bytes:
+        """An SSE comment: no event, so no sequence_number is spent on it."""
+        return KEEPALIVE

@@ -42,6 +42,8 @@ from shared.protocol import TokenLogprob, ToolCall, Usage
 
 _encode = msgspec.json.encode
 DONE = b"data: [DONE]\n\n"
+# An SSE comment: every SSE parser skips it (the openai and anthropic SDKs' included).
+KEEPALIVE = b": keepalive\n\n"
 # Splits a rendered chunk around its text; never appears in JSON-encoded text.
 _HOLE = "\x00hole\x00"
 _HOLE_JSON = _encode(_HOLE)
@@ -60,6 +62,7 @@ class Door(Protocol):
     def body(self, done: Done) -> bytes: ...
     def error_event(self, message: str, code: str, extra: dict[str, Any]) -> bytes: ...
     def trailer(self, a: Answer) -> bytes: ...
+    def keepalive(self) -> bytes: ...
 
 
 def usage_body(u: Usage) -> dict[str, Any]:
@@ -165,6 +168,9 @@ class _OpenAIDoor:
         """The `sanctum` object again, as a named event after [DONE]: clients stop at
         [DONE] (OpenAI's SDK does), so it is read only by who looks for it."""
         return b"event: sanctum\n" + sse({"sanctum": a.sanctum()})
+
+    def keepalive(self) -> bytes:
+        return KEEPALIVE
 
     def finish_choice(self, finish: str | None) -> dict[str, Any]:
         raise NotImplementedError

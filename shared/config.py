@@ -71,6 +71,11 @@ class ProxyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # `liveness` intervals is lost.
     heartbeat_s: Positive = 1.0
     liveness: PositiveInt = 3
+    # A begun stream with nothing to send for this long (a tool call held until it
+    # parses, a stall within its budget) gets its door's keep-alive (an SSE comment;
+    # Anthropic's `ping` event), so that clients and proxies between never take the
+    # quiet for a dead connection.
+    keepalive_s: Positive = 10.0
     # A rung's circuit opens after this many real failures in a row and admits one
     # probe (one try) after the cool-down; each failed probe doubles the cool-down, up
     # to breaker_cooldown_max_s, and a probe that succeeds closes the circuit.

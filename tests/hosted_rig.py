@@ -49,6 +49,7 @@ CONFIG = """
 listen = "127.0.0.1:{port}"
 breaker_threshold = 3
 breaker_cooldown_s = {cooldown}
+keepalive_s = {keepalive}
 {seats}
 [[route]]
 model = "m"
@@ -60,7 +61,8 @@ class HostedRig:
     def __init__(self, primary: list[str] | None = None, backup: list[str] | None = None,
                  cooldown: float = 30.0, first_token: float = 1.0, stall: float = 0.8,
                  extra_seats: str = "", clock: ManualClock | None = None,
-                 answer: str | None = None, backup_cap: int = 100000) -> None:
+                 answer: str | None = None, backup_cap: int = 100000,
+                 keepalive: float = 10.0) -> None:
         """`clock`: run proxyd in this process on that clock (tests/proxy_thread.py).
         `answer`: both upstreams know this one answer (as two providers of one model), so
         that an answer one begins the other can finish."""
@@ -77,7 +79,7 @@ class HostedRig:
                               ("backup", self.backup, backup_cap)))
         self.config = self.dir / "c.toml"
         self.config.write_text(CONFIG.format(port=self.port, cooldown=cooldown,
-                                             seats=seats + extra_seats))
+                                             keepalive=keepalive, seats=seats + extra_seats))
         self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.dir / "s"), **{KEY_ENV: KEY})
         self.log = self.dir / "proxy.log"
         self.proxy: subprocess.Popen[bytes] | ProxyThread

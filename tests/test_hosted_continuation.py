@@ -116,6 +116,22 @@ def test_a_stalled_stream_is_continued_after_the_stall_budget(make_rig: MakeRig)
     assert 0.8 <= gap < 2.5, gap
 
 
+def test_a_quiet_stream_gets_keep_alives_between_its_texts(make_rig: MakeRig) -> None:
+    """While the stalled primary sends nothing (0.8 s of stall budget), the client's
+    stream gets the door's keep-alive every keepalive_s (0.1 s): SSE comments between
+    the primary's 20 words and the backup's rest, which the client's parser passes over
+    (the answer reads whole)."""
+    rig = make_rig(primary=["stall:20"], keepalive=0.1)
+    code, headers, raw = rig.chat(stream=True, max_tokens=100)
+    assert code == 200
+    first, _, rest = raw.partition(b": keepalive\n\n")
+    assert rest, "no keep-alive in the quiet"
+    # after the primary's last word, before the backup's first
+    assert WORDS[19].encode() in first and WORDS[20].encode() not in first
+    assert WORDS[20].encode() in rest
+    continued_ok(rig, headers, *sse_data(raw), "stall_timeout", 20)
+
+
 def test_a_malformed_chunk_mid_stream_is_continued(make_rig: MakeRig) -> None:
     """An event that is not JSON after 20 words: never skipped, and the backup finishes."""
     rig = make_rig(primary=["malformed:20"])
