@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.procs import Sanctum, assert_gone, demo_config, free_port, http
+from tests.procs import Sanctum, assert_gone, demo_config, http, running
 
 pytestmark = pytest.mark.slow
 
@@ -21,19 +21,12 @@ ROUTES = '\n[[route]]\nmodel = "private"\nladder = ["brain", "coder"]\n'
 
 @pytest.fixture(scope="module")
 def pair() -> Iterator[Sanctum]:
-    port = free_port()
     model = os.environ.get("SANCTUM_TEST_MODEL", "builtin:demo")
     # brain's small cap makes long prompts skip it (cap-aware ladder).
-    text = demo_config(port, seats=(("brain", model, "fp16", 256),
-                                    ("coder", model, "q8", 1536)), routes=ROUTES)
-    s = Sanctum(text, port=port)
-    try:
-        s.wait_ready(("brain", "coder"))
+    seats = (("brain", model, "fp16", 256), ("coder", model, "q8", 1536))
+    with running(lambda port: demo_config(port, seats=seats, routes=ROUTES),
+                 ("brain", "coder")) as s:
         yield s
-    except BaseException:
-        s.kill_everything()
-        raise
-    assert s.stop() == 0
 
 
 def client(s: Sanctum) -> openai.OpenAI:

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.procs import Sanctum, free_port, http
+from tests.procs import http, running
 from tests.spec_models import HELDOUT
 
 pytestmark = pytest.mark.slow
@@ -17,10 +17,7 @@ pytestmark = pytest.mark.slow
 def test_second_turn_reports_cached_tokens() -> None:
     """Turn 2 resumes from turn 1's prefix: cached_tokens > 0, counted by the seat."""
     text = "\n\n".join(p.read_text() for p in sorted(HELDOUT.glob("*.py")))[:2400]
-    port = free_port()
-    s = Sanctum(port=port)
-    try:
-        s.wait_ready()
+    with running() as s:
         messages = [{"role": "user", "content": text}]
         body = {"model": "demo", "messages": messages, "max_tokens": 8, "temperature": 0}
         status, _, raw = http("POST", f"{s.url}/v1/chat/completions", body)
@@ -45,7 +42,3 @@ def test_second_turn_reports_cached_tokens() -> None:
         assert seat["prompt_cache_lookups"] == 2 and seat["prompt_cache_hits"] == 1
         assert seat["prompt_cache_reused_tokens"] >= 512
         assert seat["prompt_cache_entries"] >= 1 and seat["prompt_cache_bytes"] > 0
-    except BaseException:
-        s.kill_everything()
-        raise
-    assert s.stop() == 0
