@@ -7,7 +7,10 @@ and an off-box rung that is a fake OpenAI-compatible upstream recording what rea
                                                  model, q8 KV, no drafter
     sealed    ["ghost", "cloud"]   offbox deny   ghost's model folder does not exist,
                                                  so the seat never starts: a private
-                                                 request must get a 503, and `cloud`
+                                                 request must get a 503 (`loading`
+                                                 within the proxy's spawn grace of a
+                                                 seat it never heard from, 30 s;
+                                                 `no_private_seat` after), and `cloud`
                                                  must never see it
     open      ["cloud"]            offbox allow  the fake upstream answers
 

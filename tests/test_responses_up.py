@@ -146,16 +146,20 @@ def test_an_offbox_rung_gets_the_chat_the_responses_body_spells(
 
 def test_a_private_route_with_its_local_seat_down_is_a_503_sending_nothing_off_box(
         client: openai.OpenAI, rig: DoorsRig) -> None:
+    """sealed: its local seat never started (the proxy calls it loading within its
+    spawn grace, down after), its off-box rung is denied: a 503 in OpenAI's shape, sync
+    and streamed, and the upstream saw nothing."""
     before = len(rig.upstream.requests)
     with pytest.raises(openai.InternalServerError) as err:
         client.responses.create(model="sealed", input="hi")
     assert err.value.status_code == 503
-    assert isinstance(err.value.body, dict) and err.value.body["code"] == "no_private_seat"
+    assert isinstance(err.value.body, dict)
+    assert err.value.body["code"] in ("no_private_seat", "loading")
     status, _, body = http("POST", rig.url + "/v1/responses",
                            {"model": "sealed", "input": "hi", "stream": True})
     error = json.loads(body)["error"]
     assert status == 503 and error["type"] == "server_error"
-    assert error["code"] == "no_private_seat" and "attempts" in error
+    assert error["code"] in ("no_private_seat", "loading")
     assert len(rig.upstream.requests) == before
 
 
@@ -181,3 +185,30 @@ def test_a_killed_seat_falls_back_named_by_the_seat_that_answered(
         assert r.output_text
     finally:
         rig.wait_seat_back("brain", old)
+
+
+def test_a_stream_no_rung_can_finish_ends_failed_and_the_sdk_raises(
+        rig: DoorsRig, client: openai.OpenAI) -> None:
+    """The only rung cuts its stream after a word: the door ends the stream with
+    response.failed and an error event, never response.completed, and the SDK's stream
+    helper raises instead of returning a short response as complete; the door counts a
+    midstream error."""
+    def midstream() -> int:
+        return int(rig.counters()["proxy"]["door_errors"].get("responses", {})
+                   .get("midstream", 0))
+
+    before = midstream()
+    rig.upstream.set_script(["cut:1"])
+    types: list[str] = []
+    try:
+        with pytest.raises(openai.APIError) as err:
+            with client.responses.stream(model="open", input="hello",
+                                         max_output_tokens=8) as s:
+                types.extend(event.type for event in s)
+    finally:
+        rig.upstream.set_script(["ok"])
+    assert "response.output_text.delta" in types and "response.completed" not in types
+    assert types[-1] == "response.failed", types
+    body = err.value.body
+    assert isinstance(body, dict) and body.get("seat") == "cloud", body
+    assert midstream() == before + 1
