@@ -38,7 +38,6 @@ import msgspec
 from proxyd import limits as lim
 from proxyd import openai_tools as tools
 from proxyd.openai_api import (
-    DEFAULT_MAX_TOKENS,
     MaxTokens,
     SanctumOptions,
     Temperature,
@@ -211,9 +210,9 @@ FIELDS: dict[str, Field] = {
     "background": Field("refused", "background responses are not implemented", (False,)),
     "background_options": Field("refused", "background responses are not implemented"),
     "prompt": Field("refused", "stored prompt templates are not implemented"),
-    "reasoning": Field("refused", "the seats' models have no reasoning effort to set "
-                       "and no reasoning summaries to give", ({}, {"effort": None},
-                                                             {"effort": "none"})),
+    "reasoning": Field("accepted", "an effort and a summary for reasoning models: the "
+                       "seats' models are given none, and their answers have no "
+                       "reasoning items (Codex sends it for model names it knows)"),
     "truncation": Field("refused", "nothing is truncated (a prompt past the cap is a "
                         "413 with its numbers)", ("disabled",)),
     "max_tool_calls": Field("refused", "a limit on hosted tools' calls, which there are "
@@ -397,6 +396,10 @@ def _messages(req: ResponsesRequest, limits: ProxyConfig) -> tuple[ChatMessage, 
                 turns.call(f"input[{i}]", item)
             elif kind == "function_call_output":
                 turns.result(f"input[{i}]", item)
+            elif kind == "reasoning":
+                # a reasoning model's earlier thoughts (an OpenAI answer's output sent
+                # back): dropped, as OpenAI drops them for a model that does not reason
+                continue
             elif kind is None:
                 raise BadRequest("an input item needs its type (or a message its role)",
                                  param=f"input[{i}].type")
@@ -444,10 +447,6 @@ def _tool_choice(req: ResponsesRequest) -> tools.ToolChoice | None:
 def _format(text: TextConfig | None) -> tools.ResponseFormat | None:
     if text is None:
         return None
-    if text.verbosity not in (None, "medium"):
-        raise BadRequest("text.verbosity is not supported (the seats' models have no "
-                         "verbosity to set); send \"medium\" or null",
-                         param="text.verbosity")
     fmt = text.format
     if isinstance(fmt, JsonSchemaFormat):
         return tools.JsonSchemaFormat(tools.JsonSchemaSpec(fmt.name, fmt.schema,
@@ -544,7 +543,9 @@ def read_responses(body: bytes, limits: ProxyConfig) -> ResponsesCall:
     params = SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
-        max_tokens=req.max_output_tokens or DEFAULT_MAX_TOKENS,
+        # absent: no bound short of the model's context (OpenAI's reading, and what
+        # Codex counts on), within the proxy's own limit
+        max_tokens=req.max_output_tokens or limits.max_completion_tokens,
         logprobs=logprobs_asked(req))
     tools_json = tools.to_json("tools", chat_tools) if chat_tools else None
     return ResponsesCall(req, messages, params, tools_json, choice, fmt, ignored)
