@@ -20,7 +20,9 @@ parses back): the tools as a system message (prepended, or appended to the first
 system message) that lists them as JSON and says how to call them; an assistant turn's
 calls as its content, each in `<tool_call>` tags; a tool result wrapped in
 `<tool_response>` tags, as a `tool` turn where the template renders any role (ChatML
-does), else as a `user` turn.
+does), else as a `user` turn.  A `developer` turn goes as itself where the template
+renders that role, else as a `system` turn (OpenAI's reading for models with no
+developer role): never dropped, as a template that knows no such role would drop it.
 """
 
 from __future__ import annotations
@@ -70,29 +72,39 @@ def template_knows_tools(tokenizer: Any) -> bool:
     return isinstance(template, str) and ("tools" in template or "tool_calls" in template)
 
 
-_generic_roles: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_rendered_roles: dict[str, weakref.WeakKeyDictionary[Any, bool]] = {
+    "tool": weakref.WeakKeyDictionary(), "developer": weakref.WeakKeyDictionary()}
 _PROBE = "\x00sanctum-probe\x00"
 
 
-def renders_any_role(tokenizer: Any) -> bool:
-    """Whether the template renders a `tool` turn's content (as ChatML renders any role);
-    found once per tokenizer, by rendering one."""
+def renders_role(tokenizer: Any, role: str) -> bool:
+    """Whether the template renders the content of a turn of `role` ("tool" after a
+    user turn, "developer" before one); found once per tokenizer, by rendering one.  A
+    template that knows no such role may drop the turn without a word (ChatML loops
+    that branch on user, system and assistant do)."""
     try:
-        return _generic_roles[tokenizer]
+        return _rendered_roles[role][tokenizer]
     except (KeyError, TypeError):
         pass
+    probe = [{"role": "user", "content": "?"}, {"role": role, "content": _PROBE}]
+    if role == "developer":
+        probe.reverse()
     try:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "?"}, {"role": "tool", "content": _PROBE}],
-            add_generation_prompt=True, tokenize=False)
-        generic = _PROBE in str(text)
+        text = tokenizer.apply_chat_template(probe, add_generation_prompt=True,
+                                             tokenize=False)
+        rendered = _PROBE in str(text)
     except Exception:  # the template refuses the role
-        generic = False
+        rendered = False
     try:
-        _generic_roles[tokenizer] = generic
+        _rendered_roles[role][tokenizer] = rendered
     except TypeError:  # not weakly referable: found again next time
         pass
-    return generic
+    return rendered
+
+
+def renders_any_role(tokenizer: Any) -> bool:
+    """Whether the template renders a `tool` turn's content (as ChatML renders any role)."""
+    return renders_role(tokenizer, "tool")
 
 
 def _arguments(raw: Any) -> Any:
@@ -154,6 +166,8 @@ def conversation(tokenizer: Any, messages: Sequence[ChatMessage],
     out: list[dict[str, Any]] = []
     for m in messages:
         d: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.role == "developer" and not renders_role(tokenizer, "developer"):
+            d["role"] = "system"  # OpenAI's own reading for models with no developer role
         if m.name is not None:
             d["name"] = m.name
         if native:

@@ -190,3 +190,27 @@ def test_the_bound_covers_a_tool_conversation(template: str | None, user: str, r
                 ChatMessage("tool", result, tool_call_id="c"))
     assert len(prompt_ids(tok, messages, tools_json=TOOLS_JSON)) <= \
         prompt_bound(tok, messages, tools_json=TOOLS_JSON)
+
+
+# ChatML in Qwen's manner: it branches on the roles it knows and drops any other turn.
+ROLE_BRANCHES = (
+    "{% for m in messages %}{% if m.role in ['system', 'user', 'assistant'] %}"
+    "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize(("template", "role"), [
+    (None, "developer"),  # the demo's ChatML renders any role as it is
+    (ROLE_BRANCHES, "system"),  # would drop a developer turn: it goes as system
+    (STRICT_ROLES, "system"),  # would refuse one: it goes as system
+])
+def test_a_developer_turn_is_never_dropped(template: str | None, role: str) -> None:
+    """A `developer` message (Codex sends its permissions as one) reaches the model: as
+    itself where the template renders the role, else as a system turn, as OpenAI reads
+    it for models with no developer role."""
+    tok = tokenizer(template)
+    got = text(tok, (ChatMessage("developer", "Never delete files."),
+                     ChatMessage("user", "Hi")))
+    assert f"<|im_start|>{role}\nNever delete files.<|im_end|>" in got
