@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from tests.fakes.fake_upstream import FakeUpstream
-from tests.procs import Sanctum, assert_gone, free_port, http, wait_for
+from tests.procs import Sanctum, assert_gone, http, running, wait_for
 
 KEY_ENV = "SANCTUM_TEST_DOORS_KEY"
 
@@ -128,18 +128,10 @@ class DoorsRig:
 @contextmanager
 def start_doors() -> Iterator[DoorsRig]:
     upstream = FakeUpstream(answer="the cloud answers")
-    port = free_port()
-    text = CONFIG.format(port=port, upstream=upstream.url,
-                         key_env=KEY_ENV)
-    sanctum = Sanctum(text, port=port, env={KEY_ENV: "sk-doors-test"})
     try:
-        sanctum.wait_ready(("brain", "coder"))
-        yield DoorsRig(sanctum, upstream)
-    except BaseException:
-        sanctum.kill_everything()
-        upstream.stop()
-        raise
-    try:
-        assert sanctum.stop() == 0
+        with running(lambda port: CONFIG.format(port=port, upstream=upstream.url,
+                                                key_env=KEY_ENV),
+                     ("brain", "coder"), env={KEY_ENV: "sk-doors-test"}) as sanctum:
+            yield DoorsRig(sanctum, upstream)
     finally:
         upstream.stop()
