@@ -248,3 +248,32 @@ def _token_ids(client: openai.OpenAI, token: str) -> list[int]:
 
     tok = load_tokenizer(resolve_model("builtin:demo"))
     return [i for i in range(len(tok.vocab)) if tok.decode([i]) == token]
+
+
+def test_every_door_answers_on_the_packaged_default(up: Sanctum, client: openai.OpenAI) -> None:
+    """The Anthropic and Responses doors on the packaged default (the demo pair, adaptive
+    speculation), each with its own SDK, sync and streamed: the same greedy answer at
+    both doors and at chat completions, named after the seat that answered."""
+    import anthropic
+
+    ask = "def fibonacci(n):"
+    chat = client.chat.completions.create(model="demo", temperature=0, max_tokens=12,
+                                          messages=[{"role": "user", "content": ask}])
+    text = chat.choices[0].message.content
+    assert text and chat.model == "demo"
+    claude = anthropic.Anthropic(base_url=up.url, api_key="x", max_retries=0, timeout=300)
+    # this SDK's create() no longer names temperature: sent as the body's own field
+    greedy: Any = {"temperature": 0}
+    message = claude.messages.create(model="demo", max_tokens=12, extra_body=greedy,
+                                     messages=[{"role": "user", "content": ask}])
+    assert message.model == "demo" and message.content[0].type == "text"
+    assert message.content[0].text == text and message.stop_reason == "max_tokens"
+    with claude.messages.stream(model="demo", max_tokens=12, extra_body=greedy,
+                                messages=[{"role": "user", "content": ask}]) as s:
+        assert "".join(s.text_stream) == text
+    response = client.responses.create(model="demo", input=ask, temperature=0,
+                                       max_output_tokens=12)
+    assert response.model == "demo" and response.output_text == text
+    with client.responses.stream(model="demo", input=ask, temperature=0,
+                                 max_output_tokens=12) as r:
+        assert "".join(e.delta for e in r if e.type == "response.output_text.delta") == text
