@@ -37,6 +37,7 @@ could not keep Anthropic's meaning (the answer goes on from the prefill) on ever
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
@@ -45,8 +46,8 @@ import msgspec
 from proxyd import limits as lim
 from proxyd import openai_tools as tools
 from proxyd.anthropic_door import MessagesDoor
-from proxyd.openai_api import SanctumOptions, validation_param
-from proxyd.openai_fields import ABSENT, ignored_fields
+from proxyd.openai_api import SanctumOptions, decode_body
+from proxyd.openai_fields import ABSENT, Refusable, refuse_asked
 from proxyd.openai_tools import CallId, FunctionSpec, JsonSchemaFormat, JsonSchemaSpec, Name, Tool
 from shared.config import ProxyConfig
 from shared.errors import BadRequest
@@ -247,43 +248,22 @@ FIELDS: dict[str, Field] = {
 }
 
 
+@functools.cache
+def _refusable(kind: type[_Body]) -> Refusable:
+    return tuple((name, spec.reason, spec.allowed) for name in kind.__struct_fields__
+                 if (spec := FIELDS.get(name)) is not None and spec.action == "refused")
+
+
 def _refuse_unsupported(req: _Body) -> None:
     """A 400 for a refused field set to a value that asks for something."""
-    for name in type(req).__struct_fields__:
-        spec = FIELDS.get(name)
-        if spec is None or spec.action != "refused":
-            continue
-        raw = getattr(req, name)
-        if not raw:
-            continue
-        value = msgspec.json.decode(raw)
-        if value is None or any(type(value) is type(ok) and value == ok
-                                for ok in spec.allowed):
-            continue
-        raise BadRequest(f"{name} is not supported ({spec.reason})", param=name)
+    refuse_asked(req, _refusable(type(req)))
 
 
 T = TypeVar("T", bound=_Body)
 
 
 def _decode(body: bytes, kind: type[T]) -> tuple[T, tuple[str, ...]]:
-    """The body as `kind`, and the unknown top-level fields it had (sanitised)."""
-    if not body:
-        raise BadRequest("the request body is empty; expected a JSON object", param="body")
-    try:
-        try:
-            req: T = msgspec.json.decode(body, type=_STRICT[kind])
-            return req, ()
-        except msgspec.ValidationError:
-            req = msgspec.json.decode(body, type=kind)
-        return req, ignored_fields(body, kind)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        raise BadRequest(f"invalid request: {text}", param=validation_param(text)) from None
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}", param="body") from None
-    except RecursionError:
-        raise BadRequest("the request body is nested too deeply", param="body") from None
+    return decode_body(body, kind, _STRICT[kind])
 
 
 # ---------------------------------------------------------------------------

@@ -154,17 +154,26 @@ def _refusable(kind: type[msgspec.Struct]) -> tuple[tuple[str, Field], ...]:
                  if name in FIELDS and FIELDS[name].action == "refused")
 
 
-def refuse_unsupported(req: msgspec.Struct) -> None:
-    """A 400 for a refused field set to a value that asks for something (not null, not
-    one of its `allowed` values, compared with their types: `true` is not 1)."""
-    for name, spec in _refusable(type(req)):
+Refusable = tuple[tuple[str, str, tuple[Any, ...]], ...]  # (field, reason, allowed)
+
+
+def refuse_asked(req: msgspec.Struct, refusable: Refusable) -> None:
+    """A 400 for the first refused field that `req` sets to a value that asks for
+    something: not null, not one of its `allowed` values (compared with their types:
+    `true` is not 1).  Every door's table of fields refuses through this."""
+    for name, reason, allowed in refusable:
         raw = getattr(req, name)
         if not raw:
             continue
         value = msgspec.json.decode(raw)
-        if value is None or any(type(value) is type(ok) and value == ok
-                                for ok in spec.allowed):
+        if value is None or any(type(value) is type(ok) and value == ok for ok in allowed):
             continue
-        hint = f"; send {msgspec.json.encode(spec.allowed[0]).decode()} or null" \
-            if spec.allowed else ""
-        raise BadRequest(f"{name} is not supported ({spec.reason}){hint}", param=name)
+        hint = f"; send {msgspec.json.encode(allowed[0]).decode()} or null" \
+            if allowed else ""
+        raise BadRequest(f"{name} is not supported ({reason}){hint}", param=name)
+
+
+def refuse_unsupported(req: msgspec.Struct) -> None:
+    """`refuse_asked` by this table, for the chat and completions bodies."""
+    refuse_asked(req, tuple((name, spec.reason, spec.allowed)
+                            for name, spec in _refusable(type(req))))

@@ -43,9 +43,9 @@ from proxyd.openai_api import (
     Temperature,
     TopLogprobs,
     TopP,
-    validation_param,
+    decode_body,
 )
-from proxyd.openai_fields import ABSENT, ignored_fields
+from proxyd.openai_fields import ABSENT, Refusable, refuse_asked
 from proxyd.openai_responses_door import ResponsesDoor
 from proxyd.openai_tools import CallId, Name
 from shared.config import ProxyConfig
@@ -229,24 +229,14 @@ MAX_ITEM_TEXT = 64  # of a refused value, quoted in its error
 
 
 @functools.cache
-def _refusable() -> tuple[tuple[str, Field], ...]:
-    return tuple((name, f) for name, f in FIELDS.items() if f.action == "refused")
+def _refusable() -> Refusable:
+    return tuple((name, f.reason, f.allowed) for name, f in FIELDS.items()
+                 if f.action == "refused")
 
 
 def refuse_unsupported(req: ResponsesRequest) -> None:
-    """A 400 naming a refused field set to a value that asks for something (not null,
-    not one of its `allowed`, compared with their types: `true` is not 1)."""
-    for name, spec in _refusable():
-        raw = getattr(req, name)
-        if not raw:
-            continue
-        value = msgspec.json.decode(raw)
-        if value is None or any(type(value) is type(ok) and value == ok
-                                for ok in spec.allowed):
-            continue
-        hint = f"; send {msgspec.json.encode(spec.allowed[0]).decode()} or null" \
-            if spec.allowed else ""
-        raise BadRequest(f"{name} is not supported ({spec.reason}){hint}", param=name)
+    """A 400 naming a refused field set to a value that asks for something."""
+    refuse_asked(req, _refusable())
 
 
 def logprobs_asked(req: ResponsesRequest) -> int | None:
@@ -262,22 +252,7 @@ def logprobs_asked(req: ResponsesRequest) -> int | None:
 
 
 def _decode(body: bytes) -> tuple[ResponsesRequest, tuple[str, ...]]:
-    """The body, and its unknown top-level fields (sanitised, sorted)."""
-    if not body:
-        raise BadRequest("the request body is empty; expected a JSON object", param="body")
-    try:
-        try:
-            return msgspec.json.decode(body, type=_Strict), ()
-        except msgspec.ValidationError:
-            req = msgspec.json.decode(body, type=ResponsesRequest)
-        return req, ignored_fields(body, ResponsesRequest)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        raise BadRequest(f"invalid request: {text}", param=validation_param(text)) from None
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}", param="body") from None
-    except RecursionError:
-        raise BadRequest("the request body is nested too deeply", param="body") from None
+    return decode_body(body, ResponsesRequest, _Strict)
 
 
 @contextmanager
