@@ -95,14 +95,27 @@ def run(pair: tuple[Any, Any, Any], *, spec: Sequence[str | None] = (None,) * 4,
     return out
 
 
+@pytest.fixture(scope="module")
+def plain_ref(pair: tuple[Any, Any, Any]) -> Run:
+    """The four rows batched, no drafters: the reference several tests compare with."""
+    return run(pair)
+
+
+@pytest.fixture(scope="module")
+def mixed_ref(pair: tuple[Any, Any, Any]) -> Run:
+    """The four rows batched, drafters on rows 0 and 2: another shared reference."""
+    return run(pair, spec=("model", None, "model", None))
+
+
 def alone(pair: tuple[Any, Any, Any], i: int) -> str:
     model, tok, _ = pair
     return decode(model, tok, tok.encode(PROMPTS[i]), PARAMS[i], kv=LANES[i],
                   context_length=2048).text
 
 
-def test_rows_answer_as_their_requests_alone(pair: tuple[Any, Any, Any]) -> None:
-    plain = run(pair)
+def test_rows_answer_as_their_requests_alone(pair: tuple[Any, Any, Any],
+                                             plain_ref: Run) -> None:
+    plain = plain_ref
     fast = run(pair, spec=("model",) * 4, stream=False)
     for i in range(4):
         result, error = plain.results[i]
@@ -118,8 +131,9 @@ def test_rows_answer_as_their_requests_alone(pair: tuple[Any, Any, Any]) -> None
     assert plain.results[2][0] is not None and plain.results[2][0].finish_reason == "stop"
 
 
-def test_a_cancelled_row_leaves_the_others_whole(pair: tuple[Any, Any, Any]) -> None:
-    ref = run(pair, spec=("model", None, "model", None))
+def test_a_cancelled_row_leaves_the_others_whole(pair: tuple[Any, Any, Any],
+                                                 mixed_ref: Run) -> None:
+    ref = mixed_ref
     got = run(pair, spec=("model", None, "model", None), cancel_after={1: 3})
     result, error = got.results[1]
     assert result is None and isinstance(error, RowCancelled)
@@ -129,8 +143,9 @@ def test_a_cancelled_row_leaves_the_others_whole(pair: tuple[Any, Any, Any]) -> 
         assert got.results[i][0].text == ref.results[i][0].text, i
 
 
-def test_a_failing_drafter_declines_its_row_only(pair: tuple[Any, Any, Any]) -> None:
-    ref = run(pair)
+def test_a_failing_drafter_declines_its_row_only(pair: tuple[Any, Any, Any],
+                                                 plain_ref: Run) -> None:
+    ref = plain_ref
     got = run(pair, spec=("broken", "model", "model", "model"))
     states = [r.speculation.state for r, _ in (got.results[i] for i in range(4))
               if r is not None]
@@ -140,8 +155,9 @@ def test_a_failing_drafter_declines_its_row_only(pair: tuple[Any, Any, Any]) -> 
         assert got.results[i][0].text == ref.results[i][0].text, i
 
 
-def test_a_failing_prefill_fails_its_row_only(pair: tuple[Any, Any, Any]) -> None:
-    ref = run(pair)
+def test_a_failing_prefill_fails_its_row_only(pair: tuple[Any, Any, Any],
+                                              plain_ref: Run) -> None:
+    ref = plain_ref
     got = run(pair, broken_cache=2)
     result, error = got.results[2]
     assert result is None and error is not None and not isinstance(error, RowCancelled)
@@ -151,13 +167,13 @@ def test_a_failing_prefill_fails_its_row_only(pair: tuple[Any, Any, Any]) -> Non
 
 
 def test_a_model_that_cannot_batch_serves_one_row_at_a_time(
-        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+        pair: tuple[Any, Any, Any], mixed_ref: Run, monkeypatch: pytest.MonkeyPatch) -> None:
     """Caches the batch cannot hold (sliding windows, ...) fall back to one row at a time
     in mlx-lm's own cache: the same answers, never two rows in one forward."""
     from seatd import batch
     from seatd.rows_cache import OneRow
 
-    ref = run(pair, spec=("model", None, "model", None))
+    ref = mixed_ref  # batched, before the fallback is patched in
     monkeypatch.setattr(batch, "lane_cache", lambda model, kv: OneRow(model, kv))
     sizes: list[int] = []
     real = batch.Engine._decode
