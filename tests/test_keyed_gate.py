@@ -52,13 +52,31 @@ def target() -> Iterator[tuple[Any, list[int], int]]:
     yield loaded.model, loaded.tokenizer.encode(snippet()), output_width(loaded.model)
 
 
+# The seeds' noise rows by (rule, width, position, first seed, last seed + 1): they do not
+# depend on the temperature, so the three temperatures' gates make them once.
+_NOISE: dict[tuple[Rule, int, int, int, int], mx.array] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_noise() -> Iterator[None]:
+    yield
+    _NOISE.clear()
+
+
+def _noise(rule: Rule, width: int, position: int, seeds: range) -> mx.array:
+    key = (rule, width, position, seeds.start, seeds.stop)
+    if key not in _NOISE:
+        _NOISE[key] = mx.stack([rule(s, width).noise(position) for s in seeds])
+        mx.eval(_NOISE[key])
+    return _NOISE[key]
+
+
 def _draw(rule: Rule, width: int, rows: mx.array, position: int, seeds: range,
           pick: np.ndarray | None = None) -> np.ndarray:
     """Each seed's token at `position` from filtered logits `rows` (one row, or one per
     seed chosen by `pick`), as `Keyed.token` draws it."""
     filtered = rows if pick is None else rows[mx.array(pick)]
-    noise = mx.stack([rule(s, width).noise(position) for s in seeds])
-    return np.array(mx.argmax(filtered + noise, axis=-1))
+    return np.array(mx.argmax(filtered + _noise(rule, width, position, seeds), axis=-1))
 
 
 def _gate(model: Any, ids: list[int], width: int, temperature: float, rule: Rule,
