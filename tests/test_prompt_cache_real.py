@@ -24,7 +24,7 @@ from tests.spec_models import HELDOUT, drafter_dir, target_dir
 
 pytestmark = pytest.mark.slow
 
-MAX_NEW = 12
+MAX_NEW = 8  # two verify rounds or more at depth 3: enough to tell two answers apart
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,14 @@ def pair() -> Iterator[tuple[Any, Any, Any, list[int]]]:
     ids = target.tokenizer.encode(text)[:1400]
     assert len(ids) > PREFILL_CHUNK * 2 + 200
     yield target.model, drafter.model, target.tokenizer, ids
+
+
+@pytest.fixture(scope="module")
+def hybrid_model() -> Any:
+    """The hybrid demo (gated-delta + attention), loaded once for the tests that use it."""
+    from shared.builtin import resolve_model
+
+    return load_for_compute(resolve_model("builtin:demo-hybrid"))
 
 
 def _run(pair: Any, cache: SeatPromptCache | None, prompt: list[int], kv: str, temp: float,
@@ -76,7 +84,7 @@ def test_warm_output_equals_cold_output(pair, kv: str) -> None:
     turn1 = ids[: PREFILL_CHUNK + 8]
     first = _run(pair, cache, turn1, kv, 0.0, False)
     assert first.cached_tokens == 0 and cache.entries == 1
-    turn2 = turn1 + tok.encode(first.text) + ids[PREFILL_CHUNK + 8 : PREFILL_CHUNK + 60]
+    turn2 = turn1 + tok.encode(first.text) + ids[PREFILL_CHUNK + 8 : PREFILL_CHUNK + 24]
     for spec in (False, True):
         for temp in (0.0, 0.7):
             cold = _run(pair, None, turn2, kv, temp, spec)
@@ -198,15 +206,14 @@ def test_recurrent_state_resumes_only_at_its_exact_length(pair) -> None:
 
 
 @pytest.mark.parametrize("kv", ["fp16", "q8"])
-def test_hybrid_demo_reuses_prompts_at_exact_length_while_speculating(pair, kv: str) -> None:
+def test_hybrid_demo_reuses_prompts_at_exact_length_while_speculating(pair, hybrid_model,
+                                                                     kv: str) -> None:
     """The hybrid demo (gated-delta state that only rolls back inside a verify): turn 2
     resumes at turn 1's checkpoint and, speculating, equals the cold answer at t=0 and
     0.7; a prompt diverging inside a checkpoint resumes from nothing and the exact-length
     rule counts what it threw away."""
-    from shared.builtin import resolve_model
-
     _, drafter, _, ids = pair
-    loaded = load_for_compute(resolve_model("builtin:demo-hybrid"))
+    loaded = hybrid_model
     hybrid = (loaded.model, drafter, loaded.tokenizer, ids)
     cache = SeatPromptCache(_seat(), loaded.model)
     turn1 = ids[: PREFILL_CHUNK + 30]
@@ -222,20 +229,20 @@ def test_hybrid_demo_reuses_prompts_at_exact_length_while_speculating(pair, kv: 
     cache = SeatPromptCache(_seat(), loaded.model)
     _run(hybrid, cache, ids[: 2 * PREFILL_CHUNK + 10], kv, 0.0, False)
     cache.drain()
-    other = ids[:800] + [(t + 1) % 8000 for t in ids[800:820]]
+    # One checkpoint, at 1024; sharing 600 tokens, a trimmable state would resume at 512.
+    other = ids[:600] + [(t + 1) % 8000 for t in ids[600:620]]
     assert _run(hybrid, cache, other, kv, 0.0, False).cached_tokens == 0
     assert cache.drain().discarded == {"not_trimmable": PREFILL_CHUNK}
 
 
-def test_hybrid_chat_resumes_at_turn_boundaries(pair) -> None:
+def test_hybrid_chat_resumes_at_turn_boundaries(pair, hybrid_model) -> None:
     """A short chat on the hybrid demo (every prompt under one prefill chunk): each turn
     resumes exactly where the previous turn's prompt opened the assistant's message, and,
     speculating, answers exactly as a cold request does."""
     from seatd.turns import turn_cuts, turn_marks
-    from shared.builtin import resolve_model
 
     _, drafter, _, _ = pair
-    loaded = load_for_compute(resolve_model("builtin:demo-hybrid"))
+    loaded = hybrid_model
     tok = loaded.tokenizer
     hybrid = (loaded.model, drafter, tok, [])
     marks = turn_marks(tok)
@@ -279,14 +286,15 @@ def test_an_error_during_generation_drops_the_entry_it_used(pair) -> None:
     _run(pair, cache, turn1, "fp16", 0.0, False)
     cache.drain()
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, seed=7)
-    plan = cache.begin(Generate("r", False, params), "fp16", ids[:1100], MAX_NEW)
+    longer = ids[: PREFILL_CHUNK + 40]  # past the entry's 512: resumes there
+    plan = cache.begin(Generate("r", False, params), "fp16", longer, MAX_NEW)
     assert plan.resume is not None and plan.resume.start == PREFILL_CHUNK
 
     def boom(n: int) -> None:
         raise RuntimeError("generation failed")
 
     with pytest.raises(RuntimeError):
-        decode(target, tok, ids[:1100], params, kv="fp16", context_length=2048,
+        decode(target, tok, longer, params, kv="fp16", context_length=2048,
                on_token=boom, resume=plan.resume)
     cache.finish(plan, ok=False)
     assert cache.entries == 0 and cache.policy.reserved == 0
