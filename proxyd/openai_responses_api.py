@@ -29,6 +29,7 @@ or content part (an image, a file, a hosted tool's call) is a 400 naming its pat
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal, NamedTuple
@@ -45,7 +46,7 @@ from proxyd.openai_api import (
     TopP,
     decode_body,
 )
-from proxyd.openai_fields import ABSENT, Refusable, refuse_asked
+from proxyd.openai_fields import ABSENT, Refusable, refuse_asked, sanitise
 from proxyd.openai_responses_door import ResponsesDoor
 from proxyd.openai_tools import CallId, Name
 from shared.config import ProxyConfig
@@ -268,6 +269,27 @@ def _renamed(chat: str, ours: str) -> Iterator[None]:
         raise
 
 
+_TOOL_AT = re.compile(r"tools\[(\d+)\]")
+
+
+@contextmanager
+def _reindexed(positions: list[int]) -> Iterator[None]:
+    """A refusal of the chat door's tool checks, naming the tool by its place in the
+    body (the tools passed over are not in the list checked)."""
+    try:
+        yield
+    except SanctumError as exc:
+        def at(m: re.Match[str]) -> str:
+            k = int(m.group(1))
+            return f"tools[{positions[k] if k < len(positions) else k}]"
+
+        if exc.param:
+            exc.param = _TOOL_AT.sub(at, exc.param)
+        exc.message = _TOOL_AT.sub(at, exc.message)
+        exc.args = (exc.message,)
+        raise
+
+
 # ---------------------------------------------------------------------------
 # Input items -> chat turns
 
@@ -393,17 +415,24 @@ def _messages(req: ResponsesRequest, limits: ProxyConfig) -> tuple[ChatMessage, 
 # Tools and structured output, as the chat door's Structs
 
 
-def _tools(req: ResponsesRequest, limits: ProxyConfig) -> list[tools.Tool]:
+def _tools(req: ResponsesRequest) -> tuple[list[tools.Tool], tuple[str, ...]]:
+    """The function tools in the chat door's shape, and the others passed over, named
+    `tools[i]:TYPE` for X-Sanctum-Ignored.  Every other type (web_search, file_search,
+    namespace, local_shell, custom, ...) is a tool OpenAI's servers run or a grouping
+    of them: nothing here can run one, so the model is not offered it, and a client
+    that offers them to any model (Codex CLI sends web_search and a namespace with
+    every turn) still gets its answer, told what was left out."""
     out = []
+    skipped = []
     for i, tool in enumerate(req.tools or ()):
         if tool.type != "function":
-            raise BadRequest(f"tools of type {tool.type[:MAX_ITEM_TEXT]!r} are not "
-                             "supported; only function tools are", param=f"tools[{i}].type")
+            skipped.append(sanitise(f"tools[{i}]:{tool.type[:MAX_ITEM_TEXT]}"))
+            continue
         if tool.name is None:
             raise BadRequest("a function tool needs its name", param=f"tools[{i}].name")
         out.append(tools.Tool("function", tools.FunctionSpec(
             tool.name, tool.description, tool.parameters, tool.strict)))
-    return out
+    return out, tuple(skipped)
 
 
 def _tool_choice(req: ResponsesRequest) -> tools.ToolChoice | None:
@@ -507,8 +536,10 @@ def read_responses(body: bytes, limits: ProxyConfig) -> ResponsesCall:
     req, ignored = _decode(body)
     refuse_unsupported(req)
     messages = _messages(req, limits)
-    chat_tools = _tools(req, limits)
-    with _renamed(".function.", "."):
+    lim.check_tools("tools", len(req.tools or ()), limits)  # the passed-over ones too
+    chat_tools, skipped = _tools(req)
+    positions = [i for i, t in enumerate(req.tools or ()) if t.type == "function"]
+    with _renamed(".function.", "."), _reindexed(positions):
         names = tools.check_tools(chat_tools, limits)
     choice = tools.tool_choice(_tool_choice(req), names)
     with _renamed("response_format.json_schema.", "text.format."):
@@ -523,5 +554,6 @@ def read_responses(body: bytes, limits: ProxyConfig) -> ResponsesCall:
         max_tokens=req.max_output_tokens or limits.max_completion_tokens,
         logprobs=logprobs_asked(req))
     tools_json = tools.to_json("tools", chat_tools) if chat_tools else None
+    ignored = tuple(sorted({*ignored, *skipped}))
     return ResponsesCall(req, messages, params, tools_json, choice, fmt, ignored)
 

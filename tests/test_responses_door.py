@@ -75,6 +75,24 @@ def test_what_codex_sends_is_read_whole() -> None:
     assert gen.tool_choice == "auto" and not gen.parallel_tool_calls and call.ignored == ()
 
 
+def test_tools_run_by_openai_are_passed_over_and_named() -> None:
+    """Codex CLI offers web_search and a namespace of sub-agent tools to every model:
+    nothing here can run them, so the model is offered only the function tools, and the
+    others are named in X-Sanctum-Ignored (the answer is still given)."""
+    call = read(tools=[
+        {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+        {"type": "namespace", "name": "multi_agent_v1", "tools": [
+            {"type": "function", "name": "close_agent", "parameters": {"type": "object"}}]},
+        {"type": "web_search", "external_web_access": False},
+    ], tool_choice="auto")
+    assert [t["function"]["name"] for t in json.loads(call.generate("r").tools_json)] == \
+        ["exec_command"]
+    assert call.ignored == ("tools_1__namespace", "tools_2__web_search")
+    with pytest.raises(BadRequest) as err:  # a passed-over tool cannot be forced
+        read(tools=[{"type": "web_search"}], tool_choice={"type": "web_search"})
+    assert err.value.param == "tool_choice.type"
+
+
 def test_a_string_input_with_instructions_is_a_system_and_a_user_message() -> None:
     """instructions come first as a system message; the budget and sampling fields
     reach SamplingParams; stream and model are the call's."""
@@ -208,7 +226,9 @@ BIG = "x" * (LIMITS.max_content_chars + 1)
      "input[1].call_id"),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
                 {"type": "function_call_output", "call_id": "c"}]}, "input[1].output"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    # a bad function tool is named by its place in the body, passed-over tools counted
+    ({"tools": [{"type": "web_search"}, TOOL, TOOL]}, "tools[2].name"),
+    ({"tools": [{"type": "web_search"}, {"type": "function"}]}, "tools[1].name"),
     ({"tools": [{"type": "function"}]}, "tools[0].name"),
     ({"tools": [TOOL, TOOL]}, "tools[1].name"),
     ({"tools": [{**TOOL, "parameters": {"enum": list(range(LIMITS.max_schema_bytes))}}]},
