@@ -99,20 +99,22 @@ def test_fit_cost(steps: list[tuple[int, float, float]],
     assert got == pytest.approx(want, rel=1e-6, abs=1e-9)
 
 
-@pytest.mark.parametrize("seconds, context, rows", [
+@pytest.mark.parametrize("budget_s, context, rows", [
     (0.052, 0, 1), (0.052, 1400, 1), (0.100, 300, 4), (0.400, 50, 8)])
-def test_tokens_within_the_time(seconds: float, context: int, rows: int) -> None:
-    """The most tokens per row whose step fits the time, by the fitted cost."""
+def test_tokens_within_the_time(budget_s: float, context: int, rows: int) -> None:
+    """The most tokens per row whose step fits a budget, by the fitted cost: arithmetic
+    on the cost model fed the samples of WITH_CONTEXT, with no clock read anywhere."""
     cost = PrefillCost()
     for tokens, ctx, s in WITH_CONTEXT:
         cost.observe(tokens, ctx, s)
-    got = cost.tokens_within(seconds, context, rows, 1)
+    got = cost.tokens_within(budget_s, context, rows, 1)
     assert got is not None
 
-    def step(t: int) -> float:  # rows * t tokens, half a piece further in on average
-        return 0.020 + rows * t * (0.001 + 1e-6 * (context + t / 2))
+    def modelled_step_s(t: int) -> float:  # the samples' own law: rows * t tokens, half
+        return 0.020 + rows * t * (0.001 + 1e-6 * (context + t / 2))  # a piece further in
 
-    assert step(got) <= seconds + 1e-9 < step(got + 1)
+    # the largest count the model says fits: one more would not
+    assert modelled_step_s(got) <= budget_s + 1e-9 < modelled_step_s(got + 1)
 
 
 def test_tokens_within_a_time_below_the_fixed_part_is_the_floor() -> None:
