@@ -92,6 +92,7 @@ def _refused(request: web.Request, exc: SanctumError) -> web.Response:
     body, kind = error_body(door, exc)
     if door is not None and RID not in request:  # refused before its handler ran
         request[RID] = request_id(request)
+        counters.inc("door_requests", door)  # so a door never has more errors than requests
     if door == "messages":  # Anthropic's errors name their request
         body["request_id"] = request[RID]
     if door is not None:
@@ -132,12 +133,14 @@ def _route(proxy: Proxy, model: str) -> RouteConfig:
     return route
 
 
-def _begin(request: web.Request, door: str) -> str:
+def _begin(request: web.Request) -> str:
     """Count the request (and at its door) and give it its id (the client's, when it sent
     a usable one)."""
     counters = request.app[PROXY].counters
     counters.inc("requests")
-    counters.inc("door_requests", door)
+    door = door_of(request.path)
+    if door is not None:
+        counters.inc("door_requests", door)
     rid: str = request_id(request)
     request[RID] = rid
     return rid
@@ -187,13 +190,13 @@ class DoorCall(Protocol):
 Reader = Callable[[bytes, ProxyConfig], DoorCall]
 
 
-def door_handler(name: str, read: Reader, kind: type[msgspec.Struct]) -> Handler:
+def door_handler(read: Reader, kind: type[msgspec.Struct]) -> Handler:
     """The handler of a door: `read` turns the body into its call (a 400/413 naming the
     field otherwise; `kind` is the body's Struct, whose unknown fields are still named
     on that error), then the ladder serves it."""
 
     async def handle(request: web.Request) -> web.StreamResponse:
-        rid = _begin(request, name)
+        rid = _begin(request)
         proxy = request.app[PROXY]
         body = await read_body(request)
         try:
@@ -210,18 +213,17 @@ def door_handler(name: str, read: Reader, kind: type[msgspec.Struct]) -> Handler
     return handle
 
 
-chat_completions = door_handler("chat", read_chat, ChatRequest)
-completions = door_handler("completions", read_completion, CompletionRequest)
-messages = door_handler("messages", anthropic_api.read_messages,
-                        anthropic_api.MessagesRequest)
-responses = door_handler("responses", openai_responses_api.read_responses,
+chat_completions = door_handler(read_chat, ChatRequest)
+completions = door_handler(read_completion, CompletionRequest)
+messages = door_handler(anthropic_api.read_messages, anthropic_api.MessagesRequest)
+responses = door_handler(openai_responses_api.read_responses,
                          openai_responses_api.ResponsesRequest)
 
 
 async def count_tokens(request: web.Request) -> web.Response:
     """POST /v1/messages/count_tokens: the prompt's tokens by the tokenizer of the
     route's first local rung (the seat's own), else its hosted rung's bound."""
-    rid = _begin(request, "messages")
+    rid = _begin(request)
     proxy = request.app[PROXY]
     body = await read_body(request)
     try:

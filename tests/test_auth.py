@@ -401,3 +401,23 @@ def test_sanctum_check_looks_at_the_keys(tmp_path: Path, listen: str, keys: str,
     if mode == 0o644:
         assert "chmod 600" in out
     assert not any(secret in out for secret in ALL_SECRETS)
+
+
+def test_a_refusal_at_the_anthropic_door_is_in_its_shape_and_counted_there(
+        make_rig: MakeRig) -> None:
+    """No key at /v1/messages: a 401 in Anthropic's error shape with its request id,
+    counted as one of that door's requests and as its authentication_error; the right
+    key, sent as x-api-key as the anthropic SDK sends it, passes."""
+    rig = make_rig(clock=ManualClock())
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    code, headers, raw = call(rig, "POST", "/v1/messages", body)
+    reply = json.loads(raw)
+    assert code == 401 and reply["type"] == "error", reply
+    assert reply["error"]["type"] == "authentication_error"
+    assert reply["request_id"] == headers["X-Request-Id"]
+    c = counters(rig)
+    assert c["door_requests"] == {"messages": 1}
+    assert c["door_errors"] == {"messages": {"authentication_error": 1}}
+    code, _, raw = call(rig, "POST", "/v1/messages", body, {"x-api-key": ENV_KEYS[1]})
+    assert code == 200, raw
+    assert counters(rig)["door_requests"] == {"messages": 2}
