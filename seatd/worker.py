@@ -7,6 +7,10 @@ time (also during a long prefill), queues work and sends frames.  All MLX work
 runs on one long-lived thread, because MLX registers compute streams per thread:
 the batch engine (`seatd.batch`), which decodes every admitted request as a row of
 one forward per step.
+
+Every line the process writes names its seat: `main` binds it, and the MLX thread
+starts bound as the main thread is (`shared.threads.bound_pool`); a line for one
+request names its `request_id` (the engine binds it around the callbacks of a row).
 """
 
 from __future__ import annotations
@@ -18,7 +22,6 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +77,7 @@ from shared.protocol import (
     TokenLogprob,
     Usage,
 )
+from shared.threads import bound_pool
 
 log = structlog.get_logger()
 
@@ -135,7 +139,8 @@ class SeatWorker:
         self.tokens_generated = 0
         self.draining = False
         self.stopped = asyncio.Event()
-        self.mlx = ThreadPoolExecutor(1, thread_name_prefix="mlx")
+        # Bound to the seat itself: its lines name it however the worker was started.
+        self.mlx = bound_pool("mlx", seat=seat.name)
         self.sock: zmq.asyncio.Socket | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -198,7 +203,8 @@ class SeatWorker:
         """A frame that was not taken: counted and answered (shared/seat_side.py)."""
         self.counters.inc("bad_frames")
         self.counters.inc("bad_frames_by_reason", label=refused.reason)
-        log.warning("bad_frame", reason=refused.reason, error=refused.error)
+        named = {"request_id": refused.request_id} if refused.request_id else {}
+        log.warning("bad_frame", reason=refused.reason, error=refused.error, **named)
         self.send(identity, seat_side.refusal_reply(refused, self.seat.name,
                                                     self.counters.served,
                                                     self.counters.incarnation))
@@ -610,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=None)
     args = parser.parse_args(argv)
     setup_logging(f"worker:{args.seat}")
+    structlog.contextvars.bind_contextvars(seat=args.seat)  # before any thread starts
     lifecycle.die_with_parent()
     try:
         config = load_config(args.config)
