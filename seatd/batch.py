@@ -29,6 +29,12 @@ Whether a step speculates is decided per step (`seatd.batch_policy`): alone, a r
 follows its request's adaptive depth as a single request does; in a batch, a verify
 step must beat a plain one at this batch size by the seat's measured step times, or
 the rows decline with `batch_not_profitable`.
+
+A log line for one row names its request (`request_id`), a line about several rows
+theirs (`request_ids`); what the worker's callbacks for a row write as it is admitted
+(`prepare`, `begin`, `on_start`) and as it ends (`done`) is bound to that row's
+`request_id` (`_naming`).  The thread's own bindings name the seat
+(`shared.threads.bound_pool`).
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +114,18 @@ class Work:
     # continued answer's prefix (`seatd.grammar.SeatGrammar.for_request`); the engine
     # feeds it every token the answer takes.
     grammar: Matcher | None = None
+
+
+@contextmanager
+def _naming(work: Work) -> Iterator[None]:
+    """Lines written meanwhile (the worker's callbacks for this row as it is admitted and
+    as it ends, the prompt cache, a lane made for it) name the row's request.  Not
+    `emit`: it runs for every token and writes no line."""
+    tokens = structlog.contextvars.bind_contextvars(request_id=work.request.request_id)
+    try:
+        yield
+    finally:
+        structlog.contextvars.reset_contextvars(**tokens)
 
 
 def lane_key(work: Work) -> str:
@@ -233,7 +252,7 @@ class Engine:
             try:
                 busy = self.step()
             except Exception as exc:  # never lose the thread: end what it held, go on
-                log.exception("engine_step_failed")
+                log.exception("engine_step_failed", request_ids=self.active)
                 self._fail_all(exc)
                 busy = True
             if not busy:
@@ -276,32 +295,40 @@ class Engine:
                 if not self.inbox:
                     return
                 work = self.inbox[0]
-            if work.cancelled():
-                self._pop(work)
-                self._end_unstarted(work, RowCancelled())
-                continue
-            if not work.prepared:
-                try:
-                    work.prepare(work)
-                    work.prepared = True
-                except Exception as exc:  # refused (or failed) before any work
-                    self._pop(work)
-                    self._end_unstarted(work, exc)
-                    continue
-            if self.rows() >= self.max_batch or self._lane_full(lane_key(work)):
-                return
-            if not self.budget.admit(work.reserve, alone=self.rows() == 0):
-                return  # waits for a row to leave; the proxy's queue clock runs meanwhile
+            with _naming(work):
+                if not self._admit_one(work):
+                    return
+
+    def _admit_one(self, work: Work) -> bool:
+        """The queue's first request prepared, and admitted when it fits; False when
+        it waits (the batch or its KV budget is full)."""
+        if work.cancelled():
             self._pop(work)
+            self._end_unstarted(work, RowCancelled())
+            return True
+        if not work.prepared:
             try:
-                work.begin(work)
-            except Exception as exc:
-                log.exception("row_begin_failed", request_id=work.request.request_id)
-                self.budget.release(work.reserve)
+                work.prepare(work)
+                work.prepared = True
+            except Exception as exc:  # refused (or failed) before any work
+                self._pop(work)
                 self._end_unstarted(work, exc)
-                continue
-            work.on_start(work)
-            self._start(work)
+                return True
+        if self.rows() >= self.max_batch or self._lane_full(lane_key(work)):
+            return False
+        if not self.budget.admit(work.reserve, alone=self.rows() == 0):
+            return False  # waits for a row to leave; the proxy's queue clock runs meanwhile
+        self._pop(work)
+        try:
+            work.begin(work)
+        except Exception as exc:
+            log.exception("row_begin_failed", request_id=work.request.request_id)
+            self.budget.release(work.reserve)
+            self._end_unstarted(work, exc)
+            return True
+        work.on_start(work)
+        self._start(work)
+        return True
 
     def _lane_full(self, kv: str) -> bool:
         """A lane that cannot batch (`OneRow`) takes its next row when its row left."""
@@ -590,7 +617,7 @@ class Engine:
                 self._plain_step(lane)
         except Exception as exc:
             # A forward over the batch failed: every row in it ends; the worker lives.
-            log.exception("batch_step_failed", rows=B)
+            log.exception("batch_step_failed", rows=B, request_ids=[r.rid for r in lane.rows])
             for row in lane.rows:
                 self._finish(row, exc)
             lane.rows = []
@@ -919,7 +946,8 @@ class Engine:
         try:
             return dict(lane.drafter.propose(asks))
         except Exception as exc:  # a drafter's fault is a decline, never a failure
-            log.warning("drafter_failed", error=repr(exc), rows=len(asks))
+            log.warning("drafter_failed", error=repr(exc), rows=len(asks),
+                        request_ids=list(asks))
             for r in lane.rows:
                 if r.rid in lane.drafter:
                     r.speculating = False
@@ -982,13 +1010,14 @@ class Engine:
                                   row.answer.ids)
         else:
             row.answer.closed = True
-        if work.finish is not None:  # the prompt cache keeps its copy while the row's
-            work.finish(error is None or isinstance(error, RowCancelled))  # room is held
-        self.budget.release(work.reserve)
-        try:
-            work.done(work, result, error)
-        except Exception:
-            log.exception("row_done_failed", request_id=row.rid)
+        with _naming(work):
+            if work.finish is not None:  # the prompt cache keeps its copy while the row's
+                work.finish(error is None or isinstance(error, RowCancelled))  # room is held
+            self.budget.release(work.reserve)
+            try:
+                work.done(work, result, error)
+            except Exception:
+                log.exception("row_done_failed", request_id=row.rid)
 
 
 

@@ -26,6 +26,10 @@ absolute position.  A request resumed from a cached prefix on that grid
 (`Resume`) therefore computes the rest in exactly the chunks a cold request
 would: chunk shapes change float reduction orders, and warm output must equal
 cold output byte for byte.
+
+`decode` serves one request and takes no id: the seat never calls it (its requests are
+rows of `seatd.batch`, whose lines name them); its lines (`drafter_failed`) name the
+request through what its caller bound (`structlog.contextvars`).
 """
 
 from __future__ import annotations

@@ -145,7 +145,8 @@ class SeatPromptCache:
             try:
                 cache = restore(hit.entry.value, hit.reuse)
             except Exception as exc:  # a fast path declines: serve cold, drop the entry
-                log.warning("prompt_cache_restore_failed", error=repr(exc))
+                log.warning("prompt_cache_restore_failed", error=repr(exc),
+                            request_id=request.request_id)
                 self.policy.invalidate(hit.entry)
                 hit = type(hit)(None, 0)
         plan.entry = hit.entry
