@@ -204,9 +204,92 @@ def prompt_bound(tokenizer: Any, messages: Sequence[ChatMessage] | None = None,
     if messages is None:
         return len((prompt or "").encode("utf-8")) + BOUND_SLACK
     rendered, kwargs = conversation(tokenizer, messages, tools_json)
-    text = tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
-                                         tokenize=False, **kwargs)
-    return len(str(text).encode("utf-8")) + BOUND_SLACK
+    return len(chat_text(tokenizer, rendered, kwargs.get("tools")).encode("utf-8")) \
+        + BOUND_SLACK
+
+
+def chat_text(tokenizer: Any, rendered: list[dict[str, Any]], tools: list[Any] | None) -> str:
+    """The text the chat template makes of `rendered` (from `conversation`), with the
+    generation prompt: what `apply_chat_template(tokenize=False)` returns, rendered
+    directly with the template's compiled Jinja where `_direct` found that the same
+    (half the cost: none of transformers' per-call conversions, which change nothing
+    in messages that are already plain JSON)."""
+    direct = _direct(tokenizer)
+    if direct is not None:
+        template, variables = direct
+        messages = [{k: v for k, v in m.items() if v is not None} for m in rendered]
+        return str(template.render(messages=messages, tools=tools, documents=None,
+                                   add_generation_prompt=True, **variables))
+    kwargs = {"tools": tools} if tools is not None else {}
+    return str(tokenizer.apply_chat_template(rendered, add_generation_prompt=True,
+                                             tokenize=False, **kwargs))
+
+
+_Direct = tuple[Any, dict[str, Any]]  # the compiled template, its variables
+# per tokenizer: the template string it was found for, and what was found
+_directs: weakref.WeakKeyDictionary[Any, tuple[object, _Direct | None]] = \
+    weakref.WeakKeyDictionary()
+_DIRECT_PROBES: list[tuple[list[dict[str, Any]], list[Any] | None]] = [
+    ([{"role": "system", "content": "s \u00e9"}, {"role": "user", "content": "u"},
+      {"role": "assistant", "content": "a"}, {"role": "user", "content": _PROBE}], None),
+    ([{"role": "user", "content": "u"}, {"role": "assistant", "content": "",
+      "tool_calls": [{"id": "c1", "type": "function",
+                      "function": {"name": "f", "arguments": {"x": 1}}}]},
+      {"role": "tool", "content": "r", "tool_call_id": "c1"}],
+     [{"type": "function", "function": {"name": "f", "description": "d",
+                                        "parameters": {"type": "object"}}}]),
+]
+
+
+def _direct(tokenizer: Any) -> _Direct | None:
+    """The compiled template and the variables mlx-lm and transformers give it, found
+    once per tokenizer and template; None (the full `apply_chat_template` every time)
+    where the template is code (mlx-lm's own renderers) or several named templates, or
+    where the two ways differ on a probe chat, or one refuses what the other renders."""
+    hf: Any = getattr(tokenizer, "_tokenizer", None)
+    template = getattr(hf, "chat_template", None)
+    try:
+        seen, known = _directs[tokenizer]
+        if seen is template:
+            return known
+    except KeyError:
+        pass
+    except TypeError:  # not weakly referable
+        return None
+    found: _Direct | None = None
+    if getattr(tokenizer, "_chat_template", None) is None and isinstance(template, str):
+        try:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            variables = dict(hf.special_tokens_map)
+            thinking = getattr(tokenizer, "_thinking_kwarg", None)
+            if thinking:
+                variables[thinking] = getattr(tokenizer, "has_thinking", False)
+            found = (_compile_jinja_template(template), variables)
+            _directs[tokenizer] = (template, found)  # the probes render both ways
+            if any(_same(tokenizer, chat, tools) is False for chat, tools in _DIRECT_PROBES):
+                found = None
+        except Exception:  # any surprise: the full path, which is the reference
+            found = None
+    _directs[tokenizer] = (template, found)
+    return found
+
+
+def _same(tokenizer: Any, chat: list[dict[str, Any]], tools: list[Any] | None) -> bool | None:
+    """Whether the direct render of a probe equals transformers' (None: both refuse it)."""
+    kwargs = {"tools": tools} if tools is not None else {}
+    try:
+        full: str | None = str(tokenizer.apply_chat_template(
+            chat, add_generation_prompt=True, tokenize=False, **kwargs))
+    except Exception:
+        full = None
+    try:
+        fast: str | None = chat_text(tokenizer, chat, tools)
+    except Exception:
+        fast = None
+    if full is None and fast is None:
+        return None
+    return full == fast
 
 
 def prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage] | None = None,
