@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncGenerator, Callable
-from typing import Any
 
 import msgspec
 import structlog
@@ -128,6 +127,10 @@ class SeatClient:
         # for the next incarnation of a crashed worker.
         self.sock.setsockopt(zmq.IMMEDIATE, 1)
         curve.dial(self.sock, endpoint, keys)  # CURVE where the seat has keys
+        # The same socket without asyncio's wrapper: sends and reads need no future each
+        # (the reader is a callback on its FD, `_drain`).
+        self._io: zmq.Socket[bytes] = zmq.Socket.shadow(self.sock.underlying)
+        self._reading: asyncio.AbstractEventLoop | None = None
         self.pong: Pong | None = None
         self.heard_at = 0.0
         self.started_at: float | None = None  # when this client began watching its seat
@@ -175,26 +178,37 @@ class SeatClient:
 
     def start(self) -> None:
         self.started_at = self.clock()
-        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._beat())]
+        self._tasks = [asyncio.create_task(self._beat())]
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._io.FD, self._drain)
+        self._reading = loop
+        loop.call_soon(self._drain)  # whatever came before the reader was added
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._reading is not None:
+            self._reading.remove_reader(self._io.FD)
+            self._reading = None
         self.sock.close(linger=0)
 
     def _send(self, message: msgspec.Struct) -> bool:
-        """Send without waiting; False when the worker is not connected.
-
-        A non-blocking send on an asyncio socket completes at once: its future
-        holds `zmq.Again` when no worker is connected (IMMEDIATE is set).
-        """
-        fut: asyncio.Future[Any] = self.sock.send(  # type: ignore[assignment]
-            protocol.encode(message), zmq.NOBLOCK)  # pyzmq types it as any Awaitable
-        if fut.done():
-            return fut.exception() is None
-        fut.add_done_callback(lambda f: f.exception())
+        """Send without waiting; False when the worker is not connected (IMMEDIATE is
+        set, so a send with no worker raises `zmq.Again` at once)."""
+        try:
+            self._io.send(protocol.encode(message), zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        finally:
+            self._wake_reader()
         return True
+
+    def _wake_reader(self) -> None:
+        # The socket's FD signals an edge, and any operation on the socket may take in
+        # a message without one: after a send, look whether one is waiting.
+        if self._reading is not None and int(self._io.get(zmq.EVENTS)) & zmq.POLLIN:
+            self._reading.call_soon(self._drain)
 
     async def _beat(self) -> None:
         while True:
@@ -203,18 +217,25 @@ class SeatClient:
             if self._pending and not self.alive:
                 self._lose_all("worker_lost")
 
-    async def _read(self) -> None:
-        # Whatever else is waiting is taken at once, without a future each: a burst of
-        # chunks lands in its attempt's inbox together, and is written out together.
-        shadow: zmq.Socket[bytes] = zmq.Socket.shadow(self.sock.underlying)
+    def _drain(self) -> None:
+        """Take every message waiting, each in turn (the FD's reader, and after a send):
+        a burst of chunks lands in its attempt's inbox together, and is written out
+        together; one read costs no future nor task."""
+        if self._reading is None:
+            return
         while True:
-            self._take(await self.sock.recv())
-            while True:
-                try:
-                    payload = shadow.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+            try:
+                payload = self._io.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError as exc:  # the socket closed under the reader
+                log.warning("seat_socket_error", seat=self.name, error=str(exc))
+                return
+            try:
                 self._take(payload)
+            except Exception as exc:  # one bad frame must not stop the reader
+                self.bad_frames += 1
+                log.error("seat_frame_failed", seat=self.name, error=repr(exc))
 
     def _take(self, payload: bytes) -> None:
         reply = protocol.read_reply(payload)
