@@ -12,8 +12,8 @@ error, whichever the request gets.  Errors take the shape of the door they came 
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
@@ -53,7 +53,7 @@ IGNORED = web.RequestKey("ignored", str)
 
 def request_id(request: web.Request) -> str:
     given = request.headers.get("X-Request-Id", "")
-    return given if REQUEST_ID.match(given) else uuid.uuid4().hex
+    return given if given and REQUEST_ID.match(given) else os.urandom(16).hex()
 
 
 # -- middleware -----------------------------------------------------------
@@ -206,9 +206,10 @@ def door_handler(read: Reader, kind: type[msgspec.Struct]) -> Handler:
             raise
         headers = _ignored(request, call.ignored)
         route = _route(proxy, call.model)
-        with structlog.contextvars.bound_contextvars(request_id=rid):
-            return await serve(request, proxy, call.door(), route, call.generate(rid),
-                               headers)
+        # aiohttp runs each request in a task of its own, in a copy of the connection's
+        # context: the binding names every line of this request and ends with it.
+        structlog.contextvars.bind_contextvars(request_id=rid)
+        return await serve(request, proxy, call.door(), route, call.generate(rid), headers)
 
     return handle
 
