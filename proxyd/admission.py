@@ -57,6 +57,10 @@ class Admission:
                 self._loading[path] = asyncio.create_task(
                     asyncio.to_thread(load_tokenizer, path, seat.trust_remote_code))
 
+    async def loaded(self) -> None:
+        """Once every tokenizer has loaded (or failed to)."""
+        await asyncio.gather(*self._loading.values(), return_exceptions=True)
+
     async def stop(self) -> None:
         for task in self._loading.values():
             task.cancel()
