@@ -61,12 +61,31 @@ TOOLS_FOOTER = (
 )
 
 
+_knows_tools: weakref.WeakKeyDictionary[Any, tuple[object, bool]] = weakref.WeakKeyDictionary()
+
+
 def template_knows_tools(tokenizer: Any) -> bool:
     """Whether the chat template renders tools and tool calls itself.  mlx-lm's own
-    renderers (`mlx_lm/chat_templates`, for models whose template is code) all do."""
+    renderers (`mlx_lm/chat_templates`, for models whose template is code) all do.
+    Found once per tokenizer and template (a template is kilobytes to search)."""
     if getattr(tokenizer, "_chat_template", None) is not None:
         return True
     template = getattr(tokenizer, "chat_template", None)
+    try:
+        seen, knows = _knows_tools[tokenizer]
+        if seen is template:
+            return knows
+    except (KeyError, TypeError):
+        pass
+    knows = _searched_for_tools(template)
+    try:
+        _knows_tools[tokenizer] = (template, knows)
+    except TypeError:  # not weakly referable: searched again next time
+        pass
+    return knows
+
+
+def _searched_for_tools(template: Any) -> bool:
     if isinstance(template, dict):  # several named templates (one may be "tool_use")
         template = "\n".join(str(t) for t in template.values())
     return isinstance(template, str) and ("tools" in template or "tool_calls" in template)
