@@ -54,7 +54,7 @@ from shared.config import (
     unlink_endpoint,
     worker_endpoint,
 )
-from shared.logs import setup_logging
+from shared.logs import flush_logs, setup_logging
 from shared.private_files import make_private_dir
 from shared.prompt import prompt_ids
 from shared.protocol import (
@@ -632,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         return exitcodes.CONFIG
     code = asyncio.run(SeatWorker(config, seat).run())
     # The MLX thread may still be inside a step; do not wait for it on the way out.
+    flush_logs()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -27,6 +27,7 @@ import threading
 import time
 
 from shared import exitcodes
+from shared.logs import flush_logs
 
 PR_SET_PDEATHSIG = 1
 WATCH_INTERVAL_S = 0.5
@@ -55,6 +56,7 @@ def die_with_parent() -> None:
         return
     _set_pdeathsig()
     if os.getppid() != expected:
+        flush_logs()
         os._exit(exitcodes.PARENT_GONE)
     if any(t.name == WATCH_THREAD for t in threading.enumerate()):
         return
@@ -63,6 +65,7 @@ def die_with_parent() -> None:
         while True:
             time.sleep(WATCH_INTERVAL_S)
             if os.getppid() != expected:
+                flush_logs()
                 os._exit(exitcodes.PARENT_GONE)
 
     threading.Thread(target=watch, name=WATCH_THREAD, daemon=True).start()

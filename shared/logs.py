@@ -11,6 +11,12 @@ terminal app started from the Dock may carry `application.<bundle id>...`, so on
 other values count as launchd.  Our plists send stderr to a file anyway, so this
 only decides for a job whose stderr is a terminal.
 
+Writing (`LineSink`): a line written on a thread that runs an event loop waits for the
+loop's next turn, and every line of that turn goes out in one write (a proxy answering a
+thousand requests a second writes a line each; one write per line cost 35 us of each
+under load).  A line from any other thread, or with no loop running, is written at once,
+after those waiting; whatever waits is written at exit.
+
 Human lines: `18:04:05 [info     ] worker:demo model_loaded      path=... seconds=1.2`
 (local time, level, process, event, key=values), coloured only on a terminal and
 only when `NO_COLOR` is unset or empty (no-color.org).  Every process of `sanctum up`
@@ -19,11 +25,15 @@ shares its terminal, so all of them choose the same way.
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+from typing import Any, TextIO
 
 import msgspec
 import structlog
@@ -38,6 +48,76 @@ def _json(obj: Any, **_: Any) -> str:
     # msgspec: several times faster than json.dumps on every log line; what it cannot
     # encode is written as its str().
     return msgspec.json.encode(obj, enc_hook=str).decode()
+
+
+class LineSink:
+    """Where a process's log lines go (see the module docstring): gathered per turn of
+    the event loop of the thread that writes them, at once from anywhere else."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.lock = threading.Lock()
+        self.waiting: list[str] = []
+
+    def line(self, text: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        with self.lock:
+            self.waiting.append(text)
+            if loop is None:
+                self._write()
+            elif len(self.waiting) == 1:
+                loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        with self.lock:
+            self._write()
+
+    def _write(self) -> None:
+        if not self.waiting:
+            return
+        lines, self.waiting = self.waiting, []
+        try:
+            self.stream.write("\n".join(lines) + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed or broken stderr must not stop the process
+            pass
+
+
+class SinkLogger:
+    """structlog's logger: every level is one line to the sink."""
+
+    def __init__(self, sink: LineSink) -> None:
+        self.sink = sink
+
+    def msg(self, message: str) -> None:
+        self.sink.line(message)
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = msg
+
+
+def _utc_stamp(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> Any:
+    # structlog's TimeStamper(fmt="iso", utc=True) as text, the seconds formatted once
+    # per second: "2026-12-02T03:12:46.897359Z".
+    now = time.time()
+    second = int(now)
+    if second != _stamp[0]:
+        _stamp[0], _stamp[1] = second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+    event_dict["timestamp"] = f"{_stamp[1]}.{int((now - second) * 1e6):06d}Z"
+    return event_dict
+
+
+_stamp: list[Any] = [-1, ""]
+_sinks: list[LineSink] = []
+
+
+@atexit.register
+def flush_logs() -> None:
+    """Write every line still waiting (at exit; before `os._exit`, which skips atexit)."""
+    for sink in _sinks:
+        sink.flush()
 
 
 def under_launchd(env: Mapping[str, str]) -> bool:
@@ -82,7 +162,7 @@ def processors(fmt: str, colours: bool) -> list[Processor]:
                     colors=colours, pad_event_to=40,
                     exception_formatter=structlog.dev.plain_traceback)]
     return [*common,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _utc_stamp,
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(serializer=_json)]
 
@@ -95,10 +175,12 @@ def setup_logging(process: str, level: str | None = None) -> None:
     except (AttributeError, ValueError):  # replaced or closed stderr: not a person
         isatty = False
     fmt = choose_format(os.environ, isatty)
+    sink = LineSink(sys.stderr)
+    _sinks.append(sink)
     structlog.configure(
         processors=processors(fmt, use_colour(os.environ, isatty)),
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=lambda *_: SinkLogger(sink),
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(process=process, pid=os.getpid())
