@@ -289,9 +289,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 def make_app(config: Config, clock: Clock = real_clock) -> web.Application:
     """The application; `clock` decides breakers and seat clocks (tests pass a ManualClock)."""
-    app = web.Application(middlewares=[errors, auth],
+    proxy = Proxy(config, clock)
+    # With no keys every request passes `auth`: it is not a layer of every request then.
+    app = web.Application(middlewares=[errors, auth] if proxy.keys else [errors],
                           client_max_size=config.proxy.max_body_bytes)
-    app[PROXY] = Proxy(config, clock)
+    app[PROXY] = proxy
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=expect_body)
     app.router.add_post("/v1/completions", completions, expect_handler=expect_body)
