@@ -12,6 +12,7 @@ never skipped, because a skipped event could be the text the client needed.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,9 +81,12 @@ def piece(event: Event, chat: bool) -> Piece:
     if data == "[DONE]":
         return Piece(done=True)
     try:
-        body = msgspec.json.decode(data)  # 3x json.loads on a chunk; standard JSON only
-    except ValueError as exc:  # msgspec.DecodeError is one
-        raise Malformed(f"event is not JSON: {data[:80]!r}") from exc
+        body = msgspec.json.decode(data)  # 3x json.loads on a chunk
+    except msgspec.DecodeError:
+        try:  # Python's json also reads NaN and -Infinity (a logprob some servers send)
+            body = json.loads(data)
+        except ValueError as exc:
+            raise Malformed(f"event is not JSON: {data[:80]!r}") from exc
     if not isinstance(body, dict):
         raise Malformed(f"event is not a JSON object: {data[:80]!r}")
     if event.name == "error" or "error" in body:

@@ -58,6 +58,9 @@ class LineSink:
         self.stream = stream
         self.lock = threading.Lock()
         self.waiting: list[str] = []
+        # the loop a flush is due on: a loop that closed before running it leaves its
+        # lines to the next loop that writes (or to any other thread, or to the exit)
+        self.due: asyncio.AbstractEventLoop | None = None
 
     def line(self, text: str) -> None:
         try:
@@ -68,11 +71,13 @@ class LineSink:
             self.waiting.append(text)
             if loop is None:
                 self._write()
-            elif len(self.waiting) == 1:
+            elif self.due is not loop:
+                self.due = loop
                 loop.call_soon(self.flush)
 
     def flush(self) -> None:
         with self.lock:
+            self.due = None
             self._write()
 
     def _write(self) -> None:

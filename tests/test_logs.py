@@ -163,3 +163,49 @@ def test_sanctum_up_logs_for_its_reader(tmp_path: Any, on_tty: bool) -> None:
         got = [json.loads(x) for x in lines]
         assert {g["process"] for g in got} == {"seatd", "proxyd"}
         assert "\x1b" not in text
+
+
+def test_lines_wait_for_their_loop_s_next_turn_and_survive_a_loop_that_closed() -> None:
+    """A line written on a loop goes out at the loop's next turn, in order with lines
+    from other threads; a loop that closed before its turn leaves its lines to the next
+    loop that writes, never holding them back for good."""
+    import asyncio
+    import io
+    import threading
+
+    from shared.logs import LineSink
+
+    stream = io.StringIO()
+    sink = LineSink(stream)
+
+    async def write_then_leave() -> None:
+        sink.line("a")
+        assert stream.getvalue() == ""  # not yet: at the loop's next turn
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(write_then_leave())
+    loop.close()  # its flush may never have run
+    sink.line("b")  # no loop in this thread: at once, after what waits
+    assert stream.getvalue() == "a\nb\n"
+
+    async def write_and_turn() -> None:
+        sink.line("c")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert stream.getvalue().endswith("b\nx\nc\n")  # the new loop's turn wrote both
+        sink.line("c2")
+        other = threading.Thread(target=sink.line, args=("d",))
+        other.start()
+        other.join()
+        sink.line("e")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    first = asyncio.new_event_loop()
+    first.call_soon(sink.line, "x")  # a flush due on a loop that stops before it runs
+    first.call_soon(first.stop)
+    first.run_forever()
+    first.close()
+    assert stream.getvalue().endswith("b\n")  # "x" waits for someone to write
+    asyncio.run(write_and_turn())
+    assert stream.getvalue() == "a\nb\nx\nc\nc2\nd\ne\n"

@@ -43,6 +43,9 @@ def test_decoder_has_nothing_for_blank_lines_alone() -> None:
          Piece("whole", "stop", Usage(1, 1))),
         ('{"error":{"message":"overloaded","code":"x"}}', True,
          Piece(error={"message": "overloaded", "code": "x"})),
+        # Python's json.dumps writes a masked token's logprob as -Infinity: still read
+        ('{"choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":'
+         '[{"token":"a","logprob":-Infinity,"top_logprobs":[]}]}}]}', True, Piece("a")),
     ],
 )
 def test_piece(data: str, chat: bool, want: Piece) -> None:
