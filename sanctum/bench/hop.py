@@ -151,20 +151,10 @@ def hop_stack(model: str, with_nginx: bool) -> Iterator[dict[str, tuple[str, int
         servers.wait_until(proxy, ready, 60)
         # A first answer from the null seat: the proxy has loaded the tokenizer it admits
         # with (in a thread, competing for the GIL with whatever it serves meanwhile).
-        _first_answer(f"http://127.0.0.1:{port}{PATH}", "null")
+        servers.first_answer(f"http://127.0.0.1:{port}", "null")
         arms["proxyd-hosted"] = (f"http://127.0.0.1:{port}{PATH}", proxy.popen.pid)
         arms["proxyd-null"] = (f"http://127.0.0.1:{port}{PATH}", proxy.popen.pid)
         yield arms
-
-
-def _first_answer(url: str, model: str, timeout_s: float = 120) -> None:
-    import urllib.request
-
-    body = json.dumps({"model": model, "max_tokens": 1,
-                       "messages": [{"role": "user", "content": "hi"}]}).encode()
-    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout_s) as r:
-        r.read()
 
 
 def _cpu_s(pid: int) -> float:

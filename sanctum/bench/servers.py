@@ -202,6 +202,18 @@ def mlx_lm_server(model_dir: str, port: int, draft: str | None = None,
             proc.stop()
 
 
+def first_answer(url: str, model: str, timeout_s: float = 120) -> None:
+    """One chat answered by route `model` of the proxy at `url`: the proxy then holds the
+    tokenizer it admits with (it loads it in a thread, which would otherwise compete for
+    the GIL with the first measured requests)."""
+    body = json.dumps({"model": model, "max_tokens": 1,
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    request = urllib.request.Request(url + "/v1/chat/completions", body,
+                                     {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as r:
+        r.read()
+
+
 @contextmanager
 def null_stack(model: str, port: int, timeout: float = 60) -> Iterator[tuple[str, str]]:
     """A null seat and `sanctum proxyd` in front of it: yields (proxy URL, seat endpoint)."""
@@ -226,6 +238,7 @@ def null_stack(model: str, port: int, timeout: float = 60) -> Iterator[tuple[str
 
         try:
             wait_until(proxy, ready, timeout)
+            first_answer(url, "null")
             yield url, endpoint
         finally:
             proxy.stop()
