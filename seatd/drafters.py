@@ -60,6 +60,7 @@ class Drafter(Protocol):
 class ModelDrafter:
     """A small model drafting autoregressively; its cache follows the target's."""
 
+    name = "model"
     shapes = True
 
     def __init__(self, model: Any) -> None:
@@ -132,30 +133,49 @@ class LookupDrafter:
     """Prompt n-gram lookup: propose what followed the last n-gram's latest match.
 
     Its q is one-hot, so shaping needs nothing of it: the verifier judges its drafts
-    against the shaped target, and cuts a draft at a token the grammar forbids."""
+    against the shaped target, and cuts a draft at a token the grammar forbids.
 
+    The context is indexed as it grows (each n-gram's latest start with a token after
+    it), so finding a match costs a dictionary lookup per n-gram length, not a scan of
+    the context: a seat asks every round, and while parked every token."""
+
+    name = "lookup"
     shapes = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.context: list[int] = []
+        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> its latest start
+        self.order = 0  # the length of the n-gram `find` matched last (0: none)
 
     def start(self, prompt_ids: Sequence[int]) -> None:
-        self.context = [int(t) for t in prompt_ids]
+        self.context = []
+        self._latest = {}
+        self.extend(prompt_ids)
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Tokens that follow the context (the target's, whoever drafted them)."""
+        ctx = self.context
+        for t in tokens:
+            ctx.append(int(t))
+            end = len(ctx) - 1  # n-grams ending just before the new token now have a follower
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                if end - n >= 0:
+                    self._latest[tuple(ctx[end - n : end])] = end - n
 
     def find(self, k: int) -> list[int]:
+        """Up to k tokens that followed the latest earlier occurrence of the longest
+        n-gram ending the context (none: no n-gram of it occurred before)."""
         ctx = self.context
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if len(ctx) <= n:
                 continue
-            tail = ctx[-n:]
-            # Latest earlier occurrence whose continuation exists.
-            for start in range(len(ctx) - n - 1, -1, -1):
-                if ctx[start : start + n] == tail:
-                    follow = ctx[start + n : start + n + k]
-                    if follow:
-                        return follow
+            start = self._latest.get(tuple(ctx[-n:]))
+            if start is not None:
+                self.order = n
+                return ctx[start + n : start + n + k]
+        self.order = 0
         return []
 
     def propose(self, k: int, params: SamplingParams, draws: Draws,
@@ -166,8 +186,7 @@ class LookupDrafter:
         return Draft(mx.array(follow, dtype=mx.uint32), None, len(follow))
 
     def settle(self, kept: int, drafted: int, next_token: int, tokens: Sequence[int]) -> None:
-        self.context.extend(int(t) for t in tokens[:kept])
-        self.context.append(next_token)
+        self.extend([*tokens[:kept], next_token])
 
     def plain(self, token: int) -> None:
-        self.context.append(token)
+        self.extend((token,))
