@@ -145,6 +145,13 @@ class _Snapshot(Collector):
                     fam = plain.setdefault(key, CounterMetricFamily(
                         f"sanctum_seat_{key}", f"seat {key}", labels=["seat"]))
                     fam.add_metric([seat], value)
+                elif isinstance(value, dict) and key == "spec_cost_us":
+                    fam_c = gauges.setdefault(key, GaugeMetricFamily(
+                        "sanctum_seat_spec_cost_us", "seat speculation cost model term now, us",
+                        labels=["seat", "term"]))
+                    for term, v in value.items():
+                        if isinstance(v, int):
+                            fam_c.add_metric([seat, str(term)], v)
                 elif isinstance(value, dict) and key != "lanes":
                     fam = labelled.setdefault(key, CounterMetricFamily(
                         f"sanctum_seat_{key}", f"seat {key}", labels=["seat", "label"]))

@@ -120,6 +120,10 @@ class RoundPolicy:
             return None
         return cls(times, tuple(s.accept[: len(times) - 1]))
 
+    @property
+    def max_depth(self) -> int:
+        return len(self.seconds) - 1
+
     def accept(self, i: int) -> float:
         """Acceptance of position i given the earlier ones kept: the request's own count
         over the seat's prior; a position the request never reached borrows the estimate

@@ -51,7 +51,7 @@ import mlx.core as mx
 import structlog
 
 from seatd import prefill_rows, recurrent
-from seatd.adaptive import PARK_TOKENS, observe
+from seatd.adaptive import PARK_TOKENS, DepthStats, RoundPolicy, observe
 from seatd.answer import Answer
 from seatd.batch_policy import StepCosts, plan_step
 from seatd.decode import (
@@ -62,6 +62,7 @@ from seatd.decode import (
     Speculation,
     make_cache,
 )
+from seatd.drafter_choice import choose
 from seatd.drafters import ModelDrafter
 from seatd.kv_budget import KVBudget
 from seatd.prefill_rows import PrefillCost, stack, stackable, take
@@ -149,6 +150,11 @@ class Row:
     speculating: bool = False
     drafter_in: bool = False  # its drafter has the prompt
     last_kept: int = 0
+    by_lookup: bool = False  # this round's drafts come from its lookup drafter
+    lookup_order: int = 0  # the length of the n-gram that lookup matched
+    # A lookup match passed over: (its n-gram length, the context's length then, its
+    # tokens), judged as the answer goes past it (`Engine._by_lookup`).
+    shadow: tuple[int, int, list[int]] | None = None
     park_left: int = 0  # plain tokens left in a parked burst (`seatd.adaptive`)
     probe: bool = False  # a probe round is due after the burst
     shaper: Shaper | None = None  # None: nothing to shape (`seatd.shaping`)
@@ -387,6 +393,8 @@ class Engine:
                 try:
                     if begin is not None:
                         begin(work.prompt)
+                    if spec.lookup is not None:
+                        spec.lookup.start(work.prompt)
                     row.speculating = True
                 except Exception as exc:  # a drafter's fault is a decline
                     log.warning("drafter_failed", error=repr(exc),
@@ -609,10 +617,14 @@ class Engine:
             for r, (d, _) in zip(lane.rows, wants, strict=True):
                 if d and r.report.state == "declined:no_proposal":
                     r.report.state = "declined:batch_not_profitable"
+        spec = lane.rows[0].work.spec if B == 1 else None
+        costs = spec.costs if spec is not None else None
+        split = costs is not None and depths[0] > 0 and costs.due()
+        parts: tuple[float, float, int] | None = None
         started = time.perf_counter()
         try:
             if any(depths):
-                self._verify_step(lane, depths)
+                parts = self._verify_step(lane, depths, started if split else None)
             else:
                 self._plain_step(lane)
         except Exception as exc:
@@ -627,37 +639,52 @@ class Engine:
         elapsed = time.perf_counter() - started
         self.costs.observe(B, max(depths) + 1 if any(depths) else 1, elapsed)
         lane.step_s = elapsed if lane.step_s is None else 0.8 * lane.step_s + 0.2 * elapsed
-        if B == 1:  # a request alone: its round times are the seat's adaptive figures
+        if B == 1 and lane.rows:  # a request alone: its round times are the seat's figures
             row = lane.rows[0]
-            spec = row.work.spec
+            if costs is not None and parts is not None and parts[2] > 1:
+                by_lookup = row.by_lookup or getattr(spec.drafter if spec is not None else None,
+                                                     "name", "") == "lookup"
+                costs.observe_round(parts[2] - 1, parts[0], parts[1], elapsed, by_lookup)
+            elif costs is not None and not depths[0] and row.speculating:
+                costs.observe_plain(elapsed)
             if spec is not None and (row.speculating
                                      or row.report.state == "declined:not_profitable"):
-                observe(spec.stats, depths[0], row.last_kept if depths[0] else 0, elapsed)
+                stats = (spec.lookup_stats.get(row.lookup_order)
+                         if row.by_lookup and depths[0] and spec.lookup_stats is not None
+                         else spec.stats)
+                if stats is not None:
+                    observe(stats, depths[0], row.last_kept if depths[0] else 0, elapsed)
         self._leave(lane)
 
     def _wanted(self, row: Row) -> tuple[int, float]:
         """(depth, expected tokens) of this row's next round as its own policy sees it;
         depth 0: a plain token.  A parked row takes PARK_TOKENS plain tokens, then a
-        probe round, as a request alone does (`seatd.decode`)."""
+        probe round, as a request alone does (`seatd.decode`).  A row with a lookup
+        drafter beside its model drafter drafts by lookup in a round where that is
+        expected to pay more (`seatd.drafter_choice`), parked or not; `row.by_lookup`
+        says which drafted."""
+        row.by_lookup = False
         spec = row.work.spec
         if not row.speculating or spec is None or spec.drafter is None:
             return 0, 1.0
-        if not row.drafter_in:  # its drafter is still taking the prompt
-            self._drafter_prefill(row, self._catch_up_tokens())
-            return 0, 1.0
         room = min(row.answer.budget - row.issued,
                    self.context_length - len(row.work.prompt) - (row.issued - row.start)) - 1
+        if not row.drafter_in:  # its drafter is still taking the prompt
+            self._drafter_prefill(row, self._catch_up_tokens())
+            return self._by_lookup(row, None, 0, room)
         policy = spec.policy
         if policy is None:
             want = spec.depth
         elif row.park_left > 0:
             row.park_left -= 1
-            return 0, 1.0
-        elif row.probe:
-            row.probe = False
-            want = min(spec.depth, policy.best(lowest=1))
+            return self._by_lookup(row, None, 0, room)
         else:
-            want = min(spec.depth, policy.best())
+            lowest = 1 if row.probe else 0
+            row.probe = False
+            depth, expected = self._by_lookup(row, policy, lowest, room)
+            if row.by_lookup:
+                return depth, expected
+            want = min(spec.depth, policy.best(lowest=lowest))
             if want == 0:
                 row.park_left, row.probe = PARK_TOKENS - 1, True
                 return 0, 1.0
@@ -665,6 +692,54 @@ class Engine:
         expected = (policy.expected(depth) if policy is not None
                     else spec.stats.expected_tokens(depth))
         return depth, expected
+
+    def _by_lookup(self, row: Row, model: RoundPolicy | None, lowest: int,
+                   room: int) -> tuple[int, float]:
+        """A lookup round if the choice falls on it (`row.by_lookup`), else (0, 1.0).
+
+        A match the choice passes over is still judged: once the answer has gone past
+        it, the tokens it would have kept count for the lookup's acceptance (a draft
+        decides only how many tokens a verify keeps, and the answer says how many of
+        these it would have), so a lookup that missed early is taken again where the
+        text turns into a copy."""
+        spec = row.work.spec
+        if spec is None or spec.lookup is None or not spec.lookup_policies or room < 1:
+            return 0, 1.0
+        lookup = spec.lookup
+        self._judge_shadow(row, spec.lookup_policies, spec.lookup_stats or {})
+        deepest = max(p.max_depth for p in spec.lookup_policies.values())
+        follow = lookup.find(min(room, deepest))
+        policy = spec.lookup_policies.get(lookup.order)
+        if not follow or policy is None:
+            return 0, 1.0
+        choice = choose(model, spec.depth, policy, len(follow), model_lowest=lowest)
+        if choice.source != "lookup":
+            if row.shadow is None:
+                row.shadow = (lookup.order, len(lookup.context), follow)
+            return 0, 1.0
+        row.shadow = None
+        row.by_lookup, row.lookup_order = True, lookup.order
+        return choice.depth, choice.expected
+
+    @staticmethod
+    def _judge_shadow(row: Row, policies: dict[int, RoundPolicy],
+                      stats: dict[int, DepthStats]) -> None:
+        """Count a passed-over lookup match once the answer shows how much of it held."""
+        spec = row.work.spec
+        if row.shadow is None or spec is None or spec.lookup is None:
+            return
+        order, at, follow = row.shadow
+        actual = spec.lookup.context[at : at + len(follow)]
+        kept = 0
+        while kept < len(actual) and actual[kept] == follow[kept]:
+            kept += 1
+        if kept == len(actual) and len(actual) < len(follow):
+            return  # all it has seen held: wait for the rest
+        row.shadow = None
+        if order in policies:
+            policies[order].observe(len(follow), kept)
+        if order in stats:
+            observe(stats[order], len(follow), kept, None)
 
     def _sample(self, logits: mx.array, rows: list[Row],
                 masks: dict[int, mx.array] | None = None) -> mx.array:
@@ -787,12 +862,18 @@ class Engine:
                     and len(tokens) == 1:
                 try:
                     spec.drafter.plain(token)
+                    if spec.lookup is not None:
+                        spec.lookup.plain(token)
                 except Exception as exc:
                     log.warning("drafter_failed", error=repr(exc), request_id=row.rid)
                     row.speculating = False
                     row.report.state = "declined:drafter_error"
 
-    def _verify_step(self, lane: Lane, depths: list[int]) -> None:
+    def _verify_step(self, lane: Lane, depths: list[int],
+                     split: float | None = None) -> tuple[float, float, int] | None:
+        """One verify forward over every row's block.  `split` (the step's start): the
+        proposals are evaluated before the verify, and (draft, verify) seconds returned,
+        with the block's width, for the cost model (`seatd.spec_costs`)."""
         rows = lane.rows
         # Read what plain steps left in flight: drafts start from the last token.
         self._read(rows, [b for b, r in enumerate(rows) if r.unread])
@@ -803,19 +884,25 @@ class Engine:
             draft = together.get(r.rid)
             spec = r.work.spec
             if draft is None and k > 0 and spec is not None and spec.drafter is not None \
-                    and (lane.drafter is None or r.rid not in lane.drafter):
+                    and (r.by_lookup or lane.drafter is None or r.rid not in lane.drafter):
+                drafter = spec.lookup if r.by_lookup and spec.lookup is not None \
+                    else spec.drafter
                 try:
                     if r.shaper is not None:
-                        draft = spec.drafter.propose(k, r.params, r.draws, r.issued,
-                                                     shaper=r.shaper)
+                        draft = drafter.propose(k, r.params, r.draws, r.issued,
+                                                shaper=r.shaper)
                     else:
-                        draft = spec.drafter.propose(k, r.params, r.draws, r.issued)
+                        draft = drafter.propose(k, r.params, r.draws, r.issued)
                 except Exception as exc:  # a drafter's fault is a decline, never a failure
                     log.warning("drafter_failed", error=repr(exc), request_id=r.rid)
                     r.speculating = False
                     r.report.state = "declined:drafter_error"
                     draft = None
             drafts.append(draft if draft is not None and draft.k > 0 else None)
+        drafted_at = None
+        if split is not None:
+            mx.eval([d.tokens for d in drafts if d is not None])
+            drafted_at = time.perf_counter()
         # A grammar cuts a draft before its first forbidden token (never accepted); the
         # masks of the positions verified come with the cut.
         limits: list[int] = []
@@ -881,6 +968,9 @@ class Engine:
                                                r.draws.next_key()))
         flat = [a for v in verdicts for a in v]
         mx.eval(flat, [d.tokens for d in drafts if d is not None])
+        parts = None
+        if split is not None and drafted_at is not None:
+            parts = (drafted_at - split, time.perf_counter() - drafted_at, n)
         keeps = []
         outs: list[list[int]] = []
         for (n_arr, t_arr), d in zip(verdicts, drafts, strict=True):
@@ -905,10 +995,16 @@ class Engine:
                 assert spec.drafter is not None
                 try:
                     tokens = out[:-1] + [0] * (d.k - kept)
-                    if lane.drafter is not None and r.rid in lane.drafter:
+                    if r.by_lookup and spec.lookup is not None:
+                        spec.lookup.settle(kept, d.k, out[-1], tokens)
+                        for token in out:  # the model drafter takes them with its next draft
+                            spec.drafter.plain(token)
+                    elif lane.drafter is not None and r.rid in lane.drafter:
                         lane.drafter.settle(r.rid, kept, d.k, out[-1], tokens)
                     else:
                         spec.drafter.settle(kept, d.k, out[-1], tokens)
+                    if not r.by_lookup and spec.lookup is not None:
+                        spec.lookup.settle(kept, d.k, out[-1], tokens)
                 except Exception as exc:
                     log.warning("drafter_failed", error=repr(exc), request_id=r.rid)
                     r.speculating = False
@@ -919,6 +1015,7 @@ class Engine:
                     self._accept(r, token, lp)
             else:
                 self._take(r, out, lps)
+        return parts
 
     def _block_logprobs(self, logits: mx.array, rows: list[Row], outs: list[list[int]]
                         ) -> list[list[TokenLogprob | None]]:
@@ -940,7 +1037,7 @@ class Engine:
             return {}
         asks = {r.rid: Ask(k, r.params, r.draws, r.issued, r.shaper)
                 for r, k in zip(lane.rows, depths, strict=True)
-                if k > 0 and not r.answer.done and r.rid in lane.drafter}
+                if k > 0 and not r.answer.done and not r.by_lookup and r.rid in lane.drafter}
         if not asks:
             return {}
         try:
@@ -958,11 +1055,17 @@ class Engine:
     def _account(self, row: Row, spec: Speculation, drafted: int, kept: int) -> None:
         report = row.report
         row.last_kept = kept
-        if len(self._batch_of(row)) > 1:  # alone, the step's time goes in with it
-            observe(spec.stats, drafted, kept, None)
-        if spec.policy is not None:
-            spec.policy.observe(drafted, kept)
-        report.verified(drafted, kept)
+        stats: DepthStats | None = spec.stats
+        policy = spec.policy
+        if row.by_lookup and spec.lookup_stats is not None and spec.lookup_policies is not None:
+            stats = spec.lookup_stats.get(row.lookup_order)
+            policy = spec.lookup_policies.get(row.lookup_order)
+        if len(self._batch_of(row)) > 1 and stats is not None:  # alone, the step's time
+            observe(stats, drafted, kept, None)  # goes in with it
+        if policy is not None:
+            policy.observe(drafted, kept)
+        drafter = spec.lookup if row.by_lookup else spec.drafter
+        report.verified(drafted, kept, getattr(drafter, "name", "model"))
 
     def _batch_of(self, row: Row) -> list[Row]:
         lane = self.lanes.get(row.lane)

@@ -41,8 +41,10 @@ PLAIN = (
 )
 # bad_frames_by_reason: the frames counted in bad_frames, by why they were refused
 # (shared/protocol.py BAD_FRAME_REASONS)
+# spec_*_by_drafter: the speculation totals split by who drafted ("model", "lookup")
 LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens", "batch_steps",
-            "bad_frames_by_reason")
+            "bad_frames_by_reason", "spec_drafts_by_drafter", "spec_draft_tokens_by_drafter",
+            "spec_accepted_by_drafter")
 # Prompt lengths of refused (413) prompts kept for the median; the count is exact.
 REFUSED_SAMPLE = 512
 # Counted per lane as well as in total.
@@ -65,6 +67,8 @@ class SeatCounters:
         # The prompt cache's state now (not totals: a new incarnation starts empty).
         self.gauges: dict[str, int] = {"prompt_cache_entries": 0, "prompt_cache_bytes": 0,
                                        "rows_active": 0, "rows_queued": 0, "kv_bytes": 0}
+        # The speculation cost model's terms now, in microseconds (`seatd.spec_costs`).
+        self.spec_costs: dict[str, int] = {}
         self._load()
 
     def _load(self) -> None:
@@ -112,6 +116,10 @@ class SeatCounters:
                 self._position(self.positions, i, n)
                 per = self.lanes.setdefault(lane, {}).setdefault("spec_accepted_per_position", [])
                 self._position(per, i, n)
+            for drafter, (rounds, drafted, kept) in report.by_drafter.items():
+                self.inc("spec_drafts_by_drafter", rounds, label=drafter)
+                self.inc("spec_draft_tokens_by_drafter", drafted, label=drafter)
+                self.inc("spec_accepted_by_drafter", kept, label=drafter)
         elif state.startswith("declined:"):
             self.inc("declined", label=state.split(":", 1)[1], lane=lane)
 
@@ -152,6 +160,7 @@ class SeatCounters:
         r = summarise(self.labelled["rejected"].get("413", 0), self.refused_sample)
         out["refused_prompts"] = {"count": r.count, "median": r.median, "max": r.max}
         out.update(self.gauges)
+        out["spec_cost_us"] = dict(self.spec_costs)
         out["incarnation"] = self.incarnation
         out["started_at"] = self.started_at
         return out

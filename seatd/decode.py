@@ -46,9 +46,10 @@ from mlx_lm.models import cache as mlx_cache
 from seatd import recurrent
 from seatd.adaptive import PARK_TOKENS, DepthStats, RoundPolicy, observe
 from seatd.answer import Answer
-from seatd.drafters import Drafter
+from seatd.drafters import Drafter, LookupDrafter
 from seatd.sampling import Draws, Keyed, draws_for
 from seatd.shaping import Shaper
+from seatd.spec_costs import SpecCosts
 from seatd.verify import draft_probs, verify_greedy, verify_sampled
 from shared.protocol import SamplingParams
 
@@ -74,13 +75,19 @@ class SpecReport:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    # by drafter ("model", "lookup"): [rounds, draft tokens, accepted tokens]
+    by_drafter: dict[str, list[int]] = field(default_factory=dict)
 
-    def verified(self, drafted: int, kept: int) -> None:
+    def verified(self, drafted: int, kept: int, drafter: str = "model") -> None:
         """A round verified `drafted` drafts and kept the first `kept` of them."""
         self.state = "accelerated"
         self.drafts += 1
         self.draft_tokens += drafted
         self.accepted_tokens += kept
+        tally = self.by_drafter.setdefault(drafter, [0, 0, 0])
+        tally[0] += 1
+        tally[1] += drafted
+        tally[2] += kept
         while len(self.accepted_per_position) < drafted:
             self.accepted_per_position.append(0)
         for i in range(kept):
@@ -96,6 +103,14 @@ class Speculation:
     stats: DepthStats
     decline: str | None = None  # set: serve plain and report this reason
     policy: RoundPolicy | None = None  # set: the depth is chosen round by round
+    # With a policy, a model drafter's row may also draft by prompt lookup, round by
+    # round (`seatd.drafter_choice`; the batch engine's rows only).
+    # By the length of the n-gram a lookup matched (its drafts are kept more often the
+    # longer it is): the seat's lookup figures, and the request's policies.
+    lookup: LookupDrafter | None = None
+    lookup_stats: dict[int, DepthStats] | None = None
+    lookup_policies: dict[int, RoundPolicy] | None = None
+    costs: SpecCosts | None = None  # the seat's cost model (`seatd.spec_costs`)
 
 
 @dataclass
@@ -289,7 +304,7 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
         observe(spec.stats, drafted, kept, time.perf_counter() - started)
         if policy is not None:
             policy.observe(drafted, kept)
-        report.verified(drafted, kept)
+        report.verified(drafted, kept, getattr(drafter, "name", "model"))
         for t in [*tokens[:kept], token]:
             produced += 1
             yield t

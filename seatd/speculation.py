@@ -10,6 +10,9 @@ how to speculate, or which reason to decline with; the decode loop does the rest
     drafter's tokenizer differs              -> declined:tokenizer_mismatch
     cache cannot roll back (recurrent state) -> declined:cache_not_rollbackable
     adaptive depth parked at 0               -> declined:not_profitable
+                       (a model drafter's seat: prompt lookup alone, round by round)
+    A model drafter's adaptive rows also draft by prompt lookup where a round is expected
+    to pay more that way (`seatd.drafter_choice`); a pinned depth drafts by the model alone.
     drafter raised mid-request               -> declined:drafter_error (in decode)
     drafter never proposed anything          -> declined:no_proposal (in decode)
 """
@@ -22,14 +25,21 @@ from typing import Any
 import structlog
 
 from seatd import recurrent
-from seatd.adaptive import DepthStats, RoundPolicy, choose_depth
+from seatd.adaptive import MAX_DEPTH, DepthStats, RoundPolicy, choose_depth
 from seatd.decode import Speculation, make_cache
+from seatd.drafter_choice import lookup_policy
 from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.prompt_cache import OFF_VALUES
+from seatd.spec_costs import SpecCosts
 from shared.config import Config, SeatConfig, resolve_path
 from shared.protocol import Generate
 
 log = structlog.get_logger()
+
+# Beside a model drafter, the lookup drafts from matches of two or three tokens, each
+# length with its own figures: a single token's earlier follower is seldom the target's
+# next (the model drafter does better).
+LOOKUP_ORDERS = (2, 3)
 
 
 def kill_switch(seat: SeatConfig) -> bool:
@@ -50,6 +60,9 @@ class SeatSpeculation:
     def __init__(self, config: Config, seat: SeatConfig, target: Any, target_hash: str) -> None:
         self.seat = seat
         self.stats = DepthStats()
+        # a model drafter's rows' lookup rounds, by the length of the n-gram matched
+        self.lookup_stats = {n: DepthStats() for n in LOOKUP_ORDERS}
+        self.costs = SpecCosts()  # measured by the engine on rounds of a request alone
         self.drafter_model: Any = None
         self.unusable: str | None = None
         self.kind = seat.drafter.kind if seat.drafter else None
@@ -97,7 +110,25 @@ class SeatSpeculation:
             policy = RoundPolicy.from_stats(self.stats)
             if policy is not None and depth > 0:
                 depth = self.stats.max_depth  # the policy picks each round's depth
-        if depth == 0:
+        if depth == 0 and (policy is None or self.kind != "model"):
             return Speculation(None, 0, self.stats, "not_profitable")
-        drafter = ModelDrafter(self.drafter_model) if self.kind == "model" else LookupDrafter()
-        return Speculation(drafter, depth, self.stats, policy=policy)
+        if self.kind != "model":
+            return Speculation(LookupDrafter(), depth, self.stats, policy=policy,
+                               costs=self.costs)
+        if policy is None:  # pinned, or warming up: the model drafter at that depth
+            return Speculation(ModelDrafter(self.drafter_model), depth, self.stats,
+                               costs=self.costs)
+        estimate = [self.costs.round(k, lookup=True) for k in range(len(policy.seconds))]
+        policies = {n: lookup_policy(policy.seconds, s, estimate)
+                    for n, s in self.lookup_stats.items()}
+        if depth == 0:
+            # The model drafter does not pay on this seat now; prompt lookup of its
+            # longest n-grams still may, round by round (its policy parks where not).
+            n = max(LOOKUP_ORDERS)
+            return Speculation(LookupDrafter(max_ngram=n, min_ngram=n), MAX_DEPTH,
+                               self.lookup_stats[n], policy=policies[n], costs=self.costs)
+        # Each round may draft by lookup instead of the model (`seatd.drafter_choice`).
+        return Speculation(ModelDrafter(self.drafter_model), depth, self.stats, policy=policy,
+                           lookup=LookupDrafter(max(LOOKUP_ORDERS), min(LOOKUP_ORDERS)),
+                           lookup_stats=self.lookup_stats, lookup_policies=policies,
+                           costs=self.costs)

@@ -1,0 +1,96 @@
+"""Which drafter drafts a row's next round, and how deep: a pure choice.
+
+A seat whose drafter is a model also gives each adaptive row a lookup drafter
+(`seatd.drafters.LookupDrafter`: what followed the latest earlier occurrence of the
+context's last n-gram; no weights, so a lookup round costs its verify and no drafting).
+Each drafter has its own per-round policy (`seatd.adaptive.RoundPolicy`): its own
+acceptance per position, learnt by the request over the seat's prior, and its own round
+times.  Each round:
+
+    model option   the model policy's best depth and its expected rate (depth 0: plain)
+    lookup option  only when the context's tail occurred before: the lookup policy's
+                   best depth among those it can fill (at most `match` tokens)
+    the higher expected rate wins; on a tie, the model (its rate was measured whole)
+
+    choose(model, model_cap, lookup, match) -> Choice(source, depth, expected)
+
+The choice reads the row's counts and the seat's figures, never a clock or a seed: a
+seeded row's tokens never depend on it (a draft decides how many tokens a verify keeps,
+never which; `seatd.verify`).
+
+Round times of the lookup drafter (`lookup_times`): measured where its rounds ran, a
+line through them where two depths ran, else the model drafter's round time at that
+depth less its drafting as the cost model measured it (`seatd.spec_costs`: verify plus
+host), else the model drafter's whole round, an upper bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from seatd.adaptive import DepthStats, RoundPolicy, round_times
+
+
+@dataclass(frozen=True)
+class Choice:
+    source: str  # "model" | "lookup"; depth 0 is a plain token, whoever asked
+    depth: int
+    expected: float  # tokens the round is expected to yield
+
+
+def _best(policy: RoundPolicy, lowest: int, highest: int) -> tuple[int, float]:
+    """(depth, rate) of the policy's best depth within [lowest, highest]."""
+    highest = min(highest, len(policy.seconds) - 1)
+    if highest < lowest:
+        return 0, 0.0
+    k = max(range(lowest, highest + 1),
+            key=lambda d: (policy.expected(d) / policy.seconds[d], -d))
+    return k, policy.expected(k) / policy.seconds[k]
+
+
+def choose(model: RoundPolicy | None, model_cap: int, lookup: RoundPolicy | None,
+           match: int, *, model_lowest: int = 0) -> Choice:
+    """The next round of a row.  `model`: the model drafter's policy (None: it cannot
+    draft this round, e.g. its prompt is still going in; plain decoding stays an option
+    at the lookup's plain time); `model_cap`: its deepest depth now; `lookup`: the
+    lookup drafter's policy (None: the row has none); `match`: how many tokens the
+    lookup could propose now; `model_lowest` 1: a probe round of the model drafter."""
+    if model is not None:
+        depth, rate = _best(model, model_lowest, model_cap)
+        choice = Choice("model", depth, model.expected(depth))
+    else:
+        plain = lookup.seconds[0] if lookup is not None else 1.0
+        depth, rate, choice = 0, 1.0 / plain, Choice("model", 0, 1.0)
+    if lookup is not None and match > 0:
+        k, lookup_rate = _best(lookup, 1, match)
+        if k > 0 and lookup_rate > rate:
+            return Choice("lookup", k, lookup.expected(k))
+    return choice
+
+
+def lookup_times(model_times: tuple[float, ...], stats: DepthStats,
+                 estimate: Sequence[float | None] = ()) -> tuple[float, ...]:
+    """Seconds of a lookup round at each depth 0..len(model_times)-1 (0: one plain
+    token, the model's figure): see the module's docstring.  `estimate`: the cost
+    model's lookup round by depth (`seatd.spec_costs`), used before the seat's own lookup
+    rounds have a line of their own."""
+    top = len(model_times) - 1
+    measured = {k: t for k, t in stats.seconds.items() if 0 < k <= top and t > 0}
+    fitted = round_times(replace(stats, max_depth=top,
+                                 seconds={**measured, 0: model_times[0]}))
+    if fitted is not None:
+        return fitted
+
+    def guess(k: int) -> float:
+        known = estimate[k] if k < len(estimate) else None
+        return min(model_times[k], known) if known is not None and known > 0 else model_times[k]
+
+    return tuple(measured.get(k, guess(k)) if k else model_times[0] for k in range(top + 1))
+
+
+def lookup_policy(model_times: tuple[float, ...], stats: DepthStats,
+                  estimate: Sequence[float | None] = ()) -> RoundPolicy:
+    """A request's lookup policy: the seat's lookup figures as its prior."""
+    times = lookup_times(model_times, stats, estimate)
+    return RoundPolicy(times, tuple(stats.accept[: len(times) - 1]))

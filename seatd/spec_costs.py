@@ -1,0 +1,140 @@
+"""A seat's speculation cost model, measured on the running machine.
+
+A round of depth k by a model drafter costs
+
+    round(k) = draft(k) + verify(k + 1) + host
+
+draft(k): the drafter's k steps, its proposal evaluated; verify(w): the target's forward
+over a block of w tokens and the acceptance decided on the device; host: the rest of the
+round (reading the verdict, rolling caches back, settling the drafter, taking the tokens
+into the answer).  A lookup round costs verify(k + 1) + host (its draft is a dictionary
+lookup).  Plain decoding costs `plain` per token.
+
+The batch engine measures the terms on some rounds of a request decoding alone: on those
+it evaluates the proposal before the verify (one extra host sync), so the two can be timed
+apart; every other round stays one graph with one sync.  The terms are moving averages;
+`predict` gives the tokens per second a depth should reach at an acceptance per position.
+
+    costs.due()                              whether this round is one to split
+    costs.observe_round(k, drafted_s, verify_s, total_s, lookup)
+    costs.observe_plain(seconds)
+    costs.draft(k), costs.verify(w)          seconds, or None while unmeasured
+    costs.predict(k, accept, lookup) -> tokens/s or None
+    costs.snapshot() -> {term: microseconds}  for the seat's counters
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+ALPHA = 0.2
+SPLIT_EVERY = 8  # rounds of a request alone between two split (timed-apart) rounds
+
+
+def _avg(into: dict[int, float], key: int, value: float) -> None:
+    old = into.get(key)
+    into[key] = value if old is None else (1 - ALPHA) * old + ALPHA * value
+
+
+def expected_tokens(accept: Sequence[float], k: int) -> float:
+    """1 + sum over i < k of the product of the first i + 1 acceptances."""
+    total, run = 1.0, 1.0
+    for a in accept[:k]:
+        run *= a
+        total += run
+    return total
+
+
+@dataclass
+class SpecCosts:
+    drafts: dict[int, float] = field(default_factory=dict)  # depth -> seconds
+    verifies: dict[int, float] = field(default_factory=dict)  # width -> seconds
+    host: float | None = None  # a model drafter's round, beyond drafting and verifying
+    lookup_host: float | None = None  # a lookup round's, beyond verifying
+    plain: float | None = None  # seconds per plain token, alone
+    rounds: int = 0
+
+    def due(self) -> bool:
+        """Whether the next round alone is split (counts every round asked about)."""
+        self.rounds += 1
+        return self.rounds % SPLIT_EVERY == 1
+
+    def observe_round(self, depth: int, draft_s: float, verify_s: float, total_s: float,
+                      lookup: bool = False) -> None:
+        _avg(self.verifies, depth + 1, verify_s)
+        host = max(0.0, total_s - draft_s - verify_s)
+        if lookup:
+            host += draft_s  # the lookup's own work is host work
+            self.lookup_host = host if self.lookup_host is None else \
+                (1 - ALPHA) * self.lookup_host + ALPHA * host
+        else:
+            _avg(self.drafts, depth, draft_s)
+            self.host = host if self.host is None else (1 - ALPHA) * self.host + ALPHA * host
+
+    def observe_plain(self, seconds: float) -> None:
+        self.plain = seconds if self.plain is None else (1 - ALPHA) * self.plain + ALPHA * seconds
+
+    def draft(self, k: int) -> float | None:
+        """Seconds to draft k tokens: measured, else per measured drafter step times k."""
+        if k in self.drafts:
+            return self.drafts[k]
+        step = self.drafter_step()
+        return step * k if step is not None else None
+
+    def drafter_step(self) -> float | None:
+        """Seconds per drafted token, over every measured depth."""
+        if not self.drafts:
+            return None
+        return sum(self.drafts.values()) / sum(self.drafts)
+
+    def verify(self, width: int) -> float | None:
+        if width in self.verifies:
+            return self.verifies[width]
+        known = sorted(self.verifies)
+        if len(known) < 2:
+            return None
+        lo, hi = known[0], known[-1]  # a line through the narrowest and widest measured
+        slope = max(0.0, (self.verifies[hi] - self.verifies[lo]) / (hi - lo))
+        return self.verifies[lo] + slope * (width - lo)
+
+    def round(self, k: int, lookup: bool = False) -> float | None:
+        """Seconds of a round of depth k (k = 0: a plain token), or None while unknown."""
+        if k == 0:
+            return self.plain
+        verify = self.verify(k + 1)
+        if verify is None:
+            return None
+        if lookup:
+            return verify + (self.lookup_host if self.lookup_host is not None
+                             else self.host or 0.0)
+        draft = self.draft(k)
+        if draft is None or self.host is None:
+            return None
+        return draft + verify + self.host
+
+    def predict(self, k: int, accept: Sequence[float], lookup: bool = False) -> float | None:
+        """Tokens per second of rounds of depth k at this acceptance per position."""
+        seconds = self.round(k, lookup)
+        if seconds is None or seconds <= 0:
+            return None
+        return expected_tokens(accept, k) / seconds
+
+    def snapshot(self) -> dict[str, int]:
+        """The terms in microseconds: plain, drafter_step, draft_k, verify_wN, host,
+        lookup_host (only those measured)."""
+        out: dict[str, int] = {}  # read from another thread: copies of what may grow
+        drafts, verifies = dict(self.drafts), dict(self.verifies)
+        if self.plain is not None:
+            out["plain"] = round(self.plain * 1e6)
+        if drafts:
+            out["drafter_step"] = round(sum(drafts.values()) / sum(drafts) * 1e6)
+        for k, s in sorted(drafts.items()):
+            out[f"draft_{k}"] = round(s * 1e6)
+        for w, s in sorted(verifies.items()):
+            out[f"verify_w{w}"] = round(s * 1e6)
+        if self.host is not None:
+            out["host"] = round(self.host * 1e6)
+        if self.lookup_host is not None:
+            out["lookup_host"] = round(self.lookup_host * 1e6)
+        return out

@@ -1,0 +1,118 @@
+"""Drafter choice per round on the packaged demo pair, through a seat's own speculation
+set-up (`SeatSpeculation`, as the worker plans a request) and the batch engine: a copy-heavy
+prompt drafts by lookup in some rounds and by the model in others, each counted by drafter;
+the answer's bytes equal plain decoding's, greedy and seeded; a seat whose model drafter
+does not pay still drafts by lookup; the cost model's terms come from the rounds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from seatd.batch import Engine, Work
+from seatd.counters import SeatCounters
+from seatd.decode import DecodeResult, output_width
+from seatd.drafters import LookupDrafter, ModelDrafter
+from seatd.kv_budget import KVBudget
+from seatd.speculation import SeatSpeculation
+from shared.config import parse_config
+from shared.protocol import Generate, SamplingParams
+from tests.spec_models import drafter_dir, snippet, target_dir
+
+COPY = "Repeat this code exactly:\n\n" + snippet(700) + "\n\nRepeated:\n\n"
+TIMES = {0: 0.040, **{k: 0.045 + 0.010 * k for k in range(1, 7)}}  # a model round by depth
+
+
+@pytest.fixture(scope="module")
+def target() -> Any:
+    from seatd.model_load import load_for_compute
+
+    return load_for_compute(target_dir(), None)
+
+
+def seat(target: Any, accept: float) -> SeatSpeculation:
+    """The demo seat's speculation, past its warm-up: model rounds cost TIMES, the
+    drafter keeps `accept` of each position, and the cost model has seen verifies."""
+    config = parse_config(f"""
+[[seat]]
+name = "s"
+model = "unused"
+drafter = {{ kind = "model", path = "{drafter_dir()}" }}
+[[route]]
+model = "s"
+ladder = ["s"]
+""")
+    spec = SeatSpeculation(config, config.seat[0], target.model, target.tokenizer_hash)
+    for k, t in TIMES.items():
+        spec.stats.seen[k], spec.stats.seconds[k] = 1, t
+    spec.stats.accept = [accept] * 6
+    spec.stats.requests = 1
+    spec.costs.observe_plain(TIMES[0])
+    for k in (2, 5):  # drafting is 0.010 a token; the verify the rest
+        spec.costs.observe_round(k, 0.010 * k, TIMES[k] - 0.010 * k - 0.001, TIMES[k])
+    return spec
+
+
+def answer(target: Any, spec: SeatSpeculation | None, params: SamplingParams,
+           prompt: str = COPY) -> DecodeResult:
+    engine = Engine(target.model, target.tokenizer, 2048, output_width(target.model), 8,
+                    KVBudget(1 << 30))
+    request = Generate("r", False, params, prompt=prompt)
+    out: list[DecodeResult | BaseException | None] = []
+    plan = spec.plan(request, "fp16") if spec is not None else None
+
+    def done(work: Work, result: DecodeResult | None, error: BaseException | None) -> None:
+        out.append(error or result)
+
+    engine.submit(Work(request, target.tokenizer.encode(prompt), "fp16",
+                       lambda *a, **k: None, lambda: False, done, spec=plan))
+    while not out:
+        engine.step()
+    result = out[0]
+    assert isinstance(result, DecodeResult), result
+    return result
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=48, temperature=0),
+                                    SamplingParams(max_tokens=48, temperature=0.8, seed=3)],
+                         ids=["greedy", "seeded"])
+def test_copy_drafts_by_lookup_and_keeps_its_bytes(target: Any, params: SamplingParams) -> None:
+    plain = answer(target, None, params)
+    spec = seat(target, 0.7)
+    plan = spec.plan(Generate("p", False, params), "fp16")
+    assert plan is not None and isinstance(plan.drafter, ModelDrafter)
+    assert isinstance(plan.lookup, LookupDrafter) and plan.lookup_policies
+    fast = answer(target, spec, params)
+    assert fast.text == plain.text and fast.token_ids == plain.token_ids
+    report = fast.speculation
+    assert report.state == "accelerated"
+    if params.temperature == 0:  # the model copies: the lookup's drafts are kept
+        rounds, _, kept = report.by_drafter["lookup"]
+        assert rounds > 0 and kept > 0
+    assert sum(r for r, _, _ in report.by_drafter.values()) == report.drafts
+    assert sum(k for _, _, k in report.by_drafter.values()) == report.accepted_tokens
+    counters = SeatCounters("s", None)
+    counters.speculation(report, "sync/fp16")
+    snap = counters.snapshot()
+    for name, index in (("spec_drafts_by_drafter", 0), ("spec_accepted_by_drafter", 2)):
+        assert snap[name] == {d: t[index] for d, t in report.by_drafter.items()}
+    # The rounds alone fed the cost model: verify widths and host time, measured.
+    terms = spec.costs.snapshot()
+    assert terms["plain"] > 0 and any(k.startswith("verify_w") for k in terms)
+
+
+def test_a_seat_whose_model_drafter_does_not_pay_still_drafts_by_lookup(target: Any) -> None:
+    params = SamplingParams(max_tokens=48, temperature=0)
+    spec = seat(target, 0.02)  # the model drafter is hopeless at these round times
+    plan = spec.plan(Generate("p", False, params), "fp16")
+    assert plan is not None and plan.decline is None
+    assert isinstance(plan.drafter, LookupDrafter) and plan.lookup is None
+    fast = answer(target, spec, params)
+    assert fast.text == answer(target, None, params).text
+    assert fast.speculation.state == "accelerated"
+    assert set(fast.speculation.by_drafter) == {"lookup"}
+    # A pinned depth drafts by the model alone, and a lookup seat by lookup alone.
+    pinned = spec.plan(Generate("p", False, params, draft_depth=3), "fp16")
+    assert pinned is not None and isinstance(pinned.drafter, ModelDrafter)
+    assert pinned.lookup is None
