@@ -126,3 +126,33 @@ def test_spec_results_are_named_by_model_and_depth(model: str, depth: int | None
     from sanctum.bench.comparisons import Options
 
     assert spec_stem(Options(model=model, draft_depth=depth)) == stem
+
+
+def test_a_spec_run_with_another_drafter_is_named_by_it() -> None:
+    from sanctum.bench.cli import spec_stem
+    from sanctum.bench.comparisons import Options
+
+    opts = Options(drafter="builtin:demo-drafter-weak", draft_depth=None)
+    assert spec_stem(opts) == "spec-demo-drafter-weak-adaptive"
+
+
+def test_spec_run_shows_workload_groups_and_the_cost_models_prediction() -> None:
+    """Headline rows per workload group (copy-heavy with its 2x goal at t=0), and the
+    pinned arm's measured tokens/s beside its predicted, with the adaptive lookup share."""
+    arms_ = ["speculative", "plain", "speculative d3"]
+    workloads = {"rename t=0": "r", "template t=0": "t", "prose t=0": "p"}
+    slots = make_schedule(arms_, list(workloads), 4, 1, seed=2)
+    clock = itertools.count(0.0)
+    figs = {"speculative": {"decode_tps": 50.0, "e2e_s": 1.0, "lookup_share": 0.5},
+            "plain": {"decode_tps": 20.0, "e2e_s": 2.0},
+            "speculative d3": {"decode_tps": 36.0, "e2e_s": 1.5, "accept_len": 2.0,
+                               "predicted_tps": 40.0}}
+    samples = run_schedule(slots, {a: (lambda w, a=a: figs[a]) for a in arms_}, run_id="s",
+                           clock=lambda: next(clock), loadavg=lambda: 0.5)
+    run = Run("s", "spec", "t", "plain", [ArmInfo(a, a) for a in arms_], workloads, 4, 1, 2,
+              {"date": "d", "cores": "2", "model": "m"}, samples)
+    text = render({"spec-adaptive": run}, None, plot=no_plot)
+    assert "| decode tokens/s over plain, copy-heavy, t=0 | **2.50x** [2.50–2.50], n=6 | ≥ 2x |" \
+        in text
+    assert "| decode tokens/s over plain, prose, t=0 | **2.50x**" in text
+    assert "| rename t=0 | speculative d3 | 36.0 | 40.0 | 0.90x | 50% |" in text

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from sanctum.bench.arms import acceptance_figures, counter_acceptance, stream_acceptance
+from sanctum.bench.arms import (
+    acceptance_figures,
+    counter_acceptance,
+    drafter_share,
+    predicted_rate,
+    stream_acceptance,
+)
 
 
 @pytest.mark.parametrize(("flags", "want"), [
@@ -31,6 +37,24 @@ def test_stream_acceptance(flags: list[bool], want: dict[str, float]) -> None:
 ])
 def test_counter_acceptance(before: dict, after: dict, want: dict[str, float]) -> None:
     assert counter_acceptance(before, after) == want
+
+
+@pytest.mark.parametrize(("before", "after", "want"), [
+    ({}, {"spec_drafts_by_drafter": {"model": 3, "lookup": 1}}, {"lookup_share": 0.25}),
+    ({"spec_drafts_by_drafter": {"model": 3}},
+     {"spec_drafts_by_drafter": {"model": 3, "lookup": 2}}, {"lookup_share": 1.0}),
+    ({"spec_drafts_by_drafter": {"model": 3}}, {"spec_drafts_by_drafter": {"model": 3}}, {}),
+])
+def test_drafter_share(before: dict, after: dict, want: dict[str, float]) -> None:
+    assert drafter_share(before, after) == want
+
+
+def test_predicted_rate_from_the_seats_terms() -> None:
+    """(1 + accepted drafts per round) over drafting, verify and host time of a round."""
+    terms = {"draft_3": 24000, "verify_w4": 44000, "host": 2000}
+    assert predicted_rate(terms, 3, 2.5) == pytest.approx(3.5 / 0.070)
+    assert predicted_rate(terms, 4, 2.5) is None  # depth 4 was never measured
+    assert predicted_rate({}, 3, 2.5) is None
 
 
 def test_acceptance_figures_no_verifies() -> None:

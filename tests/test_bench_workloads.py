@@ -41,11 +41,20 @@ def words(text: str) -> int:
 
 
 def test_every_workload_kind_is_built_from_the_files() -> None:
-    """Five workloads: two completions of code, a chat pair, a copy-heavy rename, prose."""
-    files = [(f"m{i}.py", SOURCE * 6) for i in range(3)]
+    """Two completions of code, a chat pair, three copy-heavy ones (rename, repeat, a
+    template to fill), prose."""
+    names = "".join(f"def tool_{c}(x):\n    \"\"\"Tool {c}.\"\"\"\n    x += 1\n    return x\n\n"
+                    for c in "abcdefg")
+    files = [(f"m{i}.py", SOURCE * 6) for i in range(3)] + [("tools.py", names)]
     ws = {w.name: w for w in build_workloads(files, words, max_prompt_tokens=4000,
                                              long_target=600)}
-    assert set(ws) == {"code-short", "code-long", "doc2body", "rename", "prose"}
+    assert set(ws) == {"code-short", "code-long", "doc2body", "rename", "repeat", "template",
+                       "prose"}
+    repeat = ws["repeat"].messages[0][1]
+    assert repeat.startswith("Repeat this function exactly") and "return widget" in repeat
+    template = ws["template"].prompt
+    assert template.count("def logged_") == 3 and "tool_g" in template.splitlines()[0]
+    assert "def logged_tool_d" not in template  # the fourth instance is the answer
     assert ws["code-short"].kind == "completion"
     assert 100 <= ws["code-short"].prompt_tokens < 200
     assert ws["doc2body"].kind == "chat"

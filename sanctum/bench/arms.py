@@ -343,14 +343,39 @@ def stream_acceptance(from_draft: list[bool]) -> dict[str, float]:
     return acceptance_figures(verifies, accepted, per)
 
 
+def drafter_share(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """The share of one request's verify rounds drafted by prompt lookup.  Pure."""
+    def rounds(c: dict[str, Any]) -> tuple[int, int]:
+        by = dict(c.get("spec_drafts_by_drafter") or {})
+        return int(by.get("lookup", 0)), sum(int(v) for v in by.values())
+
+    (lb, tb), (la, ta) = rounds(before), rounds(after)
+    return {"lookup_share": (la - lb) / (ta - tb)} if ta > tb else {}
+
+
+def predicted_rate(terms: dict[str, Any], depth: int, accept_len: float) -> float | None:
+    """Decode tokens/s the seat's cost model (`spec_cost_us`: draft_k, verify_wN, host)
+    predicts for rounds of `depth` keeping `accept_len` drafts each, or None where a term
+    was not measured.  Pure."""
+    try:
+        us = (float(terms[f"draft_{depth}"]) + float(terms[f"verify_w{depth + 1}"])
+              + float(terms["host"]))
+    except KeyError:
+        return None
+    return (1 + accept_len) / (us / 1e6) if us > 0 else None
+
+
 class SeatSpecArm(OpenAIArm):
     """An OpenAIArm on a speculating seat that also reads the seat's acceptance counters
-    (GET /counters) before and after each request."""
+    (GET /counters) before and after each request; with a pinned `depth`, the tokens/s
+    its cost model predicts at the acceptance the request had (`predicted_tps`)."""
 
-    def __init__(self, base_url: str, seat: str, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, base_url: str, seat: str, *args: Any, depth: int | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(base_url, seat, *args, **kwargs)
         self.base_url = base_url
         self.seat = seat
+        self.depth = depth
 
     def _counters(self) -> dict[str, Any]:
         import urllib.request
@@ -362,7 +387,14 @@ class SeatSpecArm(OpenAIArm):
     def __call__(self, name: str) -> dict[str, float]:
         before = self._counters()
         figures = super().__call__(name)
-        return figures | counter_acceptance(before, self._counters())
+        after = self._counters()
+        out = figures | counter_acceptance(before, after) | drafter_share(before, after)
+        if self.depth is not None and "accept_len" in out:
+            rate = predicted_rate(dict(after.get("spec_cost_us") or {}), self.depth,
+                                  out["accept_len"])
+            if rate is not None:
+                out["predicted_tps"] = rate
+        return out
 
 
 class InProcessSpecArm(InProcessArm):

@@ -87,12 +87,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def spec_stem(opts: Options) -> str:
-    """spec, or spec-MODEL-dN / spec-adaptive for runs off the default model or depth."""
+    """spec, or spec-MODEL-DRAFTER-dN / spec-adaptive for runs off the default model,
+    drafter or depth."""
     from sanctum.bench.comparisons import Options
 
     parts = ["spec"]
-    if opts.model != Options().model:
-        parts.append(opts.model.removeprefix("builtin:").rstrip("/").rsplit("/", 1)[-1])
+    for given, default in ((opts.model, Options().model), (opts.drafter, Options().drafter)):
+        if given != default:
+            parts.append(given.removeprefix("builtin:").rstrip("/").rsplit("/", 1)[-1])
     if opts.draft_depth != Options().draft_depth:
         parts.append("adaptive" if opts.draft_depth is None else f"d{opts.draft_depth}")
     return "-".join(parts)

@@ -130,7 +130,8 @@ def _progress(opts: Options) -> Callable[[Sample], None] | None:
     def show(s: Sample) -> None:
         figs = " ".join(f"{k}={v:.4g}" for k, v in s.figures.items()
                         if k in ("decode_tps", "ttft_s", "e2e_s", "latency_p50_s",
-                                 "per_token_p50_s", "rps", "accept_len"))
+                                 "per_token_p50_s", "rps", "accept_len", "predicted_tps",
+                                 "lookup_share"))
         tag = "warm-up " if s.warmup else ""
         print(f"  [{s.seq:>3}] r{s.round} {tag}{s.workload:<18} {s.arm:<16} "
               f"load {s.load_before:.2f}  {s.error or figs}", file=sys.stderr, flush=True)
@@ -336,7 +337,7 @@ def _not_measurable(comparison: str, title: str, why: str, model: str) -> Run:
                not_measurable=why)
 
 
-SPEC_WORKLOADS = ("code-short", "doc2body", "rename", "prose")
+SPEC_WORKLOADS = ("code-short", "doc2body", "rename", "repeat", "template", "prose")
 PINNED = 3  # the fixed depth an adaptive run is also measured against
 PINNED_ARM = f"speculative d{PINNED}"
 
@@ -385,12 +386,14 @@ def spec(opts: Options) -> Run:
     with servers.sanctum_up(config, tuple(name for name, *_ in seats), port) as url:
         arms: dict[str, tuple[str, Measure]] = {
             "speculative": (f"our seat with the drafter, speculation on, {ours_depth}",
-                                A.SeatSpecArm(url, "spec", 0.0, opts.tokens, by_name)),
+                                A.SeatSpecArm(url, "spec", 0.0, opts.tokens, by_name,
+                                              depth=depth)),
                 "plain": ("our seat, same config, speculation off",
                           A.OpenAIArm(url, "plain", 0.0, opts.tokens, by_name))}
         if depth is None:
             arms[PINNED_ARM] = (f"the same seat with draft_depth = {PINNED}",
-                                A.SeatSpecArm(url, "spec-d3", 0.0, opts.tokens, by_name))
+                                A.SeatSpecArm(url, "spec-d3", 0.0, opts.tokens, by_name,
+                                              depth=PINNED))
         if not refused:
             arms["mlx-lm speculative"] = (
                 "mlx-lm speculative_generate_step in the benchmark process, same pair "

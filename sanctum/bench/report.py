@@ -118,7 +118,24 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
         if MLX_SPEC in names:
             out += _per_temperature(run, "decode_tps", arm, MLX_SPEC,
                                     "decode tokens/s, ours over mlx-lm speculative, t={t}")
+        for group, members, goal in SPEC_GROUPS:
+            for t in ("0", "0.7"):
+                r = [x for w in run.workloads if w.split(" t=")[0] in members
+                     and w.endswith(f" t={t}")
+                     for x in pair_ratios(run.samples, "decode_tps", arm, base, w)]
+                if r:
+                    out.append((f"decode tokens/s over plain, {group}, t={t}", summarize(r),
+                                goal.get(t)))
     return out
+
+
+# Workload groups of the speculation headline, with the goals of speculation on any pair
+# (the weaker pair's code goals apply to the code group; a copy-heavy goal at t=0 only).
+SPEC_GROUPS: tuple[tuple[str, tuple[str, ...], dict[str, float]], ...] = (
+    ("code", ("code-short", "doc2body"), {}),
+    ("copy-heavy", ("rename", "repeat", "template"), {"0": 2.0}),
+    ("prose", ("prose",), {}),
+)
 
 
 def _per_temperature(run: Run, fig: str, arm: str, other: str, what: str,
@@ -250,6 +267,39 @@ def spec_against_mlx(run: Run) -> list[str]:
     return [*lines, ""]
 
 
+def spec_prediction(run: Run) -> list[str]:
+    """Speculation: each pinned-depth arm's decode tokens/s beside what the seat's cost
+    model predicts at the acceptance it had, and the adaptive arm's share of rounds
+    drafted by prompt lookup."""
+    if run.comparison != "spec":
+        return []
+    pinned = [a.name for a in run.arms
+              if any(s.arm == a.name and "predicted_tps" in s.figures for s in run.samples)]
+    if not pinned:
+        return []
+
+    def med(fig: str, arm: str, w: str) -> float | None:
+        v = figure_values(run.samples, fig, arm, w)
+        return summarize(v).median if v else None
+
+    lines = ["Measured against the cost model: decode tok/s of each pinned depth beside "
+             "the seat's prediction (its measured drafting, verify and host time per "
+             "round, at the acceptance the request had); the adaptive arm's share of "
+             "verify rounds drafted by prompt lookup.", "",
+             "| workload | arm | decode tok/s | predicted tok/s | measured / predicted "
+             "| lookup share, adaptive |", "|---|---|---|---|---|---|"]
+    for w in run.workloads:
+        share = med("lookup_share", "speculative", w)
+        for arm in pinned:
+            got, want = med("decode_tps", arm, w), med("predicted_tps", arm, w)
+            ratio = f"{got / want:.2f}x" if got is not None and want else "-"
+            lines.append(f"| {w} | {arm} | {got:.1f} | {want:.1f} | {ratio} | "
+                         f"{f'{share:.0%}' if share is not None else '-'} |"
+                         if got is not None and want is not None else
+                         f"| {w} | {arm} | - | - | - | - |")
+    return [*lines, ""]
+
+
 def section(run: Run, plot: str | None, name: str | None = None) -> list[str]:
     title = SECTION.get(run.comparison, run.comparison)
     if name and name != run.comparison:
@@ -312,6 +362,7 @@ def section(run: Run, plot: str | None, name: str | None = None) -> list[str]:
     else:
         lines += [*_table(run, warnings), ""]
     lines += spec_against_mlx(run)
+    lines += spec_prediction(run)
     if plot:
         lines += [f"![{run.comparison}]({plot})", ""]
     if warnings:

@@ -10,6 +10,9 @@ Workloads (building them is pure: files and a token counter in, prompts out):
     code-long    completion: consecutive files, ~3000 tokens (less if the seat cap is lower)
     doc2body     chat: a function's signature and docstring; the model writes the body
     rename       chat: a function of a few hundred tokens and "rename X to Y" (copy-heavy)
+    repeat       chat: the same function and "repeat it exactly" (copy-heavy)
+    template     completion: three instances of a wrapper template filled for names of
+                 held-out functions, the list of the rest above them (copy-heavy)
     prose        completion: the longest docstring, as English prose
 """
 
@@ -125,6 +128,16 @@ def _functions(text: str) -> list[tuple[str, str, ast.FunctionDef]]:
     return found
 
 
+def _wrapper(name: str) -> str:
+    """One instance of the template workload: a logged wrapper of function `name`."""
+    return (f"def logged_{name}(*args, **kwargs):\n"
+            f'    """Call {name}, logging its arguments and its result."""\n'
+            f'    log.debug("{name} called with %r %r", args, kwargs)\n'
+            f"    result = {name}(*args, **kwargs)\n"
+            f'    log.debug("{name} returned %r", result)\n'
+            f"    return result\n\n\n")
+
+
 def _rename_target(node: ast.FunctionDef) -> str | None:
     """The function's first real parameter: renaming it touches many lines."""
     for arg in node.args.args:
@@ -167,7 +180,20 @@ def build_workloads(files: Sequence[tuple[str, str]], count: Callable[[str], int
         text = ask + whole
         out.append(Workload("rename", f"rename a parameter in a function of {n}", "chat",
                             messages=(("user", text),), prompt_tokens=count(text)))
+        again = f"Repeat this function exactly, then stop.\n\n{whole}"
+        out.append(Workload("repeat", f"repeat a function of {n} word for word", "chat",
+                            messages=(("user", again),), prompt_tokens=count(again)))
         break
+
+    names = sorted({node.name for _, _, _, node in funcs if not node.name.startswith("_")})
+    if len(names) >= 6:
+        filled = "".join(_wrapper(name) for name in names[:3])
+        rest = ", ".join(names[:12])
+        text = (f"# Logged wrappers for: {rest}\nimport logging\n\n"
+                f"log = logging.getLogger(__name__)\n\n{filled}")
+        out.append(Workload("template", "fill a wrapper template for held-out function names",
+                            "completion", prompt=text.rstrip("\n"),
+                            prompt_tokens=count(text.rstrip("\n"))))
 
     docs = []
     for n, t in files:
