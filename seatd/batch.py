@@ -63,7 +63,7 @@ from seatd.decode import (
     make_cache,
 )
 from seatd.drafter_choice import choose
-from seatd.drafters import ModelDrafter
+from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.kv_budget import KVBudget
 from seatd.prefill_rows import PrefillCost, stack, stackable, take
 from seatd.rows_cache import SLACK, OneRow, RowsCache, lane_cache
@@ -689,6 +689,10 @@ class Engine:
                 row.park_left, row.probe = PARK_TOKENS - 1, True
                 return 0, 1.0
         depth = max(0, min(want, room))
+        if isinstance(spec.drafter, LookupDrafter) and depth:
+            # A lookup drafts no further than its match: no match, a plain step (a verify
+            # of nothing would cost a step without the plain step's overlap).
+            depth = len(spec.drafter.find(depth))
         expected = (policy.expected(depth) if policy is not None
                     else spec.stats.expected_tokens(depth))
         return depth, expected
@@ -712,8 +716,11 @@ class Engine:
         policy = spec.lookup_policies.get(lookup.order)
         if not follow or policy is None:
             return 0, 1.0
-        choice = choose(model, spec.depth, policy, len(follow), model_lowest=lowest)
-        if choice.source != "lookup":
+        # The request's own text judges its lookup first: its first match is only
+        # judged (see above), and the lookup drafts after that, by what it showed.
+        choice = (choose(model, spec.depth, policy, len(follow), model_lowest=lowest)
+                  if policy.tries[0] else None)
+        if choice is None or choice.source != "lookup":
             if row.shadow is None:
                 row.shadow = (lookup.order, len(lookup.context), follow)
             return 0, 1.0
