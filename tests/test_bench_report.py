@@ -146,7 +146,7 @@ def test_spec_run_shows_workload_groups_and_the_cost_models_prediction() -> None
     figs = {"speculative": {"decode_tps": 50.0, "e2e_s": 1.0, "lookup_share": 0.5},
             "plain": {"decode_tps": 20.0, "e2e_s": 2.0},
             "speculative d3": {"decode_tps": 36.0, "e2e_s": 1.5, "accept_len": 2.0,
-                               "predicted_tps": 40.0}}
+                               "predicted_tps": 40.0, "host_share": 0.03}}
     samples = run_schedule(slots, {a: (lambda w, a=a: figs[a]) for a in arms_}, run_id="s",
                            clock=lambda: next(clock), loadavg=lambda: 0.5)
     run = Run("s", "spec", "t", "plain", [ArmInfo(a, a) for a in arms_], workloads, 4, 1, 2,
@@ -155,4 +155,4 @@ def test_spec_run_shows_workload_groups_and_the_cost_models_prediction() -> None
     assert "| decode tokens/s over plain, copy-heavy, t=0 | **2.50x** [2.50–2.50], n=6 | ≥ 2x |" \
         in text
     assert "| decode tokens/s over plain, prose, t=0 | **2.50x**" in text
-    assert "| rename t=0 | speculative d3 | 36.0 | 40.0 | 0.90x | 50% |" in text
+    assert "| rename t=0 | speculative d3 | 36.0 | 40.0 | 0.90x | 3% | 50% |" in text

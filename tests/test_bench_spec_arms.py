@@ -50,11 +50,14 @@ def test_drafter_share(before: dict, after: dict, want: dict[str, float]) -> Non
 
 
 def test_predicted_rate_from_the_seats_terms() -> None:
-    """(1 + accepted drafts per round) over drafting, verify and host time of a round."""
+    """(1 + accepted drafts per round) over the drafting and verify time of a round; the
+    host's share of the whole round beside it."""
     terms = {"draft_3": 24000, "verify_w4": 44000, "host": 2000}
-    assert predicted_rate(terms, 3, 2.5) == pytest.approx(3.5 / 0.070)
-    assert predicted_rate(terms, 4, 2.5) is None  # depth 4 was never measured
-    assert predicted_rate({}, 3, 2.5) is None
+    got = predicted_rate(terms, 3, 2.5)
+    assert got["predicted_tps"] == pytest.approx(3.5 / 0.068)
+    assert got["host_share"] == pytest.approx(2 / 70)
+    assert predicted_rate(terms, 4, 2.5) == {}  # depth 4 was never measured
+    assert predicted_rate({}, 3, 2.5) == {}
 
 
 def test_acceptance_figures_no_verifies() -> None:

@@ -353,22 +353,26 @@ def drafter_share(before: dict[str, Any], after: dict[str, Any]) -> dict[str, fl
     return {"lookup_share": (la - lb) / (ta - tb)} if ta > tb else {}
 
 
-def predicted_rate(terms: dict[str, Any], depth: int, accept_len: float) -> float | None:
-    """Decode tokens/s the seat's cost model (`spec_cost_us`: draft_k, verify_wN, host)
-    predicts for rounds of `depth` keeping `accept_len` drafts each, or None where a term
-    was not measured.  Pure."""
+def predicted_rate(terms: dict[str, Any], depth: int, accept_len: float) -> dict[str, float]:
+    """What the seat's cost model (`spec_cost_us`) says of rounds of `depth` keeping
+    `accept_len` drafts each: `predicted_tps`, the tokens/s of its drafting and verify
+    time alone (draft_k + verify_wN: no host work, the ceiling host work keeps a seat
+    from), and `host_share`, the host's part of a whole round; empty where a term was not
+    measured.  Pure."""
     try:
-        us = (float(terms[f"draft_{depth}"]) + float(terms[f"verify_w{depth + 1}"])
-              + float(terms["host"]))
+        us = float(terms[f"draft_{depth}"]) + float(terms[f"verify_w{depth + 1}"])
+        host = float(terms["host"])
     except KeyError:
-        return None
-    return (1 + accept_len) / (us / 1e6) if us > 0 else None
+        return {}
+    if us <= 0:
+        return {}
+    return {"predicted_tps": (1 + accept_len) / (us / 1e6), "host_share": host / (us + host)}
 
 
 class SeatSpecArm(OpenAIArm):
     """An OpenAIArm on a speculating seat that also reads the seat's acceptance counters
     (GET /counters) before and after each request; with a pinned `depth`, the tokens/s
-    its cost model predicts at the acceptance the request had (`predicted_tps`)."""
+    its cost model predicts at the acceptance the request had (`predicted_rate`)."""
 
     def __init__(self, base_url: str, seat: str, *args: Any, depth: int | None = None,
                  **kwargs: Any) -> None:
@@ -390,10 +394,8 @@ class SeatSpecArm(OpenAIArm):
         after = self._counters()
         out = figures | counter_acceptance(before, after) | drafter_share(before, after)
         if self.depth is not None and "accept_len" in out:
-            rate = predicted_rate(dict(after.get("spec_cost_us") or {}), self.depth,
+            out |= predicted_rate(dict(after.get("spec_cost_us") or {}), self.depth,
                                   out["accept_len"])
-            if rate is not None:
-                out["predicted_tps"] = rate
         return out
 
 

@@ -131,7 +131,7 @@ def _progress(opts: Options) -> Callable[[Sample], None] | None:
         figs = " ".join(f"{k}={v:.4g}" for k, v in s.figures.items()
                         if k in ("decode_tps", "ttft_s", "e2e_s", "latency_p50_s",
                                  "per_token_p50_s", "rps", "accept_len", "predicted_tps",
-                                 "lookup_share"))
+                                 "host_share", "lookup_share"))
         tag = "warm-up " if s.warmup else ""
         print(f"  [{s.seq:>3}] r{s.round} {tag}{s.workload:<18} {s.arm:<16} "
               f"load {s.load_before:.2f}  {s.error or figs}", file=sys.stderr, flush=True)

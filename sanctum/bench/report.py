@@ -283,20 +283,26 @@ def spec_prediction(run: Run) -> list[str]:
         return summarize(v).median if v else None
 
     lines = ["Measured against the cost model: decode tok/s of each pinned depth beside "
-             "the seat's prediction (its measured drafting, verify and host time per "
-             "round, at the acceptance the request had); the adaptive arm's share of "
-             "verify rounds drafted by prompt lookup.", "",
+             "the seat's prediction from its measured drafting and verify time per round "
+             "at the acceptance the request had (host work left out: the ratio is what it "
+             "costs), the host's share of a round, and the adaptive arm's share of verify "
+             "rounds drafted by prompt lookup.", "",
              "| workload | arm | decode tok/s | predicted tok/s | measured / predicted "
-             "| lookup share, adaptive |", "|---|---|---|---|---|---|"]
+             "| host share of a round | lookup share, adaptive |",
+             "|---|---|---|---|---|---|---|"]
+
+    def pct(x: float | None) -> str:
+        return f"{x:.0%}" if x is not None else "-"
+
     for w in run.workloads:
         share = med("lookup_share", "speculative", w)
         for arm in pinned:
             got, want = med("decode_tps", arm, w), med("predicted_tps", arm, w)
-            ratio = f"{got / want:.2f}x" if got is not None and want else "-"
-            lines.append(f"| {w} | {arm} | {got:.1f} | {want:.1f} | {ratio} | "
-                         f"{f'{share:.0%}' if share is not None else '-'} |"
-                         if got is not None and want is not None else
-                         f"| {w} | {arm} | - | - | - | - |")
+            if got is None or not want:
+                lines.append(f"| {w} | {arm} | - | - | - | - | {pct(share)} |")
+                continue
+            lines.append(f"| {w} | {arm} | {got:.1f} | {want:.1f} | {got / want:.2f}x "
+                         f"| {pct(med('host_share', arm, w))} | {pct(share)} |")
     return [*lines, ""]
 
 
