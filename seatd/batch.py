@@ -152,6 +152,7 @@ class Row:
     last_kept: int = 0
     by_lookup: bool = False  # this round's drafts come from its lookup drafter
     lookup_order: int = 0  # the length of the n-gram that lookup matched
+    drafted: int = 0  # tokens drafted in its last verify step
     # A lookup match passed over: (its n-gram length, the context's length then, its
     # tokens), judged as the answer goes past it (`Engine._by_lookup`).
     shadow: tuple[int, int, list[int]] | None = None
@@ -652,8 +653,10 @@ class Engine:
                 stats = (spec.lookup_stats.get(row.lookup_order)
                          if row.by_lookup and depths[0] and spec.lookup_stats is not None
                          else spec.stats)
-                if stats is not None:
-                    observe(stats, depths[0], row.last_kept if depths[0] else 0, elapsed)
+                if stats is not None and not (depths[0] and not row.drafted):
+                    # a verify step that drafted nothing is no round of any depth
+                    observe(stats, row.drafted if depths[0] else 0,
+                            row.last_kept if depths[0] else 0, elapsed)
         self._leave(lane)
 
     def _wanted(self, row: Row) -> tuple[int, float]:
@@ -671,7 +674,7 @@ class Engine:
                    self.context_length - len(row.work.prompt) - (row.issued - row.start)) - 1
         if not row.drafter_in:  # its drafter is still taking the prompt
             self._drafter_prefill(row, self._catch_up_tokens())
-            return self._by_lookup(row, None, 0, room)
+            return self._by_lookup(row, None, 0, room) if row.speculating else (0, 1.0)
         policy = spec.policy
         if policy is None:
             want = spec.depth
@@ -707,19 +710,28 @@ class Engine:
         these it would have), so a lookup that missed early is taken again where the
         text turns into a copy."""
         spec = row.work.spec
-        if spec is None or spec.lookup is None or not spec.lookup_policies or room < 1:
+        if spec is None or spec.lookup is None or not spec.lookup_policies or room < 1 \
+                or not row.speculating:
             return 0, 1.0
         lookup = spec.lookup
-        self._judge_shadow(row, spec.lookup_policies, spec.lookup_stats or {})
-        deepest = max(p.max_depth for p in spec.lookup_policies.values())
-        follow = lookup.find(min(room, deepest))
-        policy = spec.lookup_policies.get(lookup.order)
-        if not follow or policy is None:
+        try:
+            self._judge_shadow(row, spec.lookup_policies, spec.lookup_stats or {})
+            deepest = max(p.max_depth for p in spec.lookup_policies.values())
+            follow = lookup.find(min(room, deepest))
+            policy = spec.lookup_policies.get(lookup.order)
+            if not follow or policy is None:
+                return 0, 1.0
+            # The request's own text judges its lookup first: its first match is only
+            # judged (see above), and the lookup drafts after that, by what it showed.
+            choice = (choose(model, spec.depth, policy, len(follow), model_lowest=lowest)
+                      if policy.tries[0] else None)
+        except Exception as exc:  # the lookup's fault: this row drafts by its model alone
+            log.warning("drafter_failed", error=repr(exc), request_id=row.rid, drafter="lookup")
+            spec.lookup = None
             return 0, 1.0
-        # The request's own text judges its lookup first: its first match is only
-        # judged (see above), and the lookup drafts after that, by what it showed.
-        choice = (choose(model, spec.depth, policy, len(follow), model_lowest=lowest)
-                  if policy.tries[0] else None)
+        # The context may lack the token the last plain step made (still unread): the
+        # decision is a token behind; the round drafts from the context the verify
+        # sees, and its figures count what it drafted (`_verify_step`).
         if choice is None or choice.source != "lookup":
             if row.shadow is None:
                 row.shadow = (lookup.order, len(lookup.context), follow)
@@ -884,6 +896,8 @@ class Engine:
         rows = lane.rows
         # Read what plain steps left in flight: drafts start from the last token.
         self._read(rows, [b for b, r in enumerate(rows) if r.unread])
+        if split is not None:  # the wait for a plain step in flight is not drafting
+            split = time.perf_counter()
         together = self._propose_together(lane, depths)
         drafts: list[Any] = []
         for b, r in enumerate(rows):
@@ -891,6 +905,7 @@ class Engine:
             draft = together.get(r.rid)
             spec = r.work.spec
             if draft is None and k > 0 and spec is not None and spec.drafter is not None \
+                    and r.speculating \
                     and (r.by_lookup or lane.drafter is None or r.rid not in lane.drafter):
                 drafter = spec.lookup if r.by_lookup and spec.lookup is not None \
                     else spec.drafter
@@ -905,7 +920,11 @@ class Engine:
                     r.speculating = False
                     r.report.state = "declined:drafter_error"
                     draft = None
-            drafts.append(draft if draft is not None and draft.k > 0 else None)
+            draft = draft if draft is not None and draft.k > 0 else None
+            drafts.append(draft)
+            r.drafted = draft.k if draft is not None else 0
+            if r.by_lookup and spec is not None and spec.lookup is not None:
+                r.lookup_order = spec.lookup.order  # of the match it drafted from
         drafted_at = None
         if split is not None:
             mx.eval([d.tokens for d in drafts if d is not None])
