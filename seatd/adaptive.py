@@ -20,6 +20,7 @@ Two levels:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 MAX_DEPTH = 6
@@ -28,6 +29,16 @@ PARK_TOKENS = 8  # plain tokens between probe rounds while parked at depth 0
 ALPHA = 0.1  # weight of a new observation
 PROBE_EVERY = 8  # requests between probes of a neighbouring depth
 WARM_ORDER = (3, 5, 1, 0, 2, 4, 6)  # each depth serves one request before rates decide
+
+
+def expected_tokens(accept: Sequence[float], k: int) -> float:
+    """Tokens a round of depth k yields at these acceptances per position: 1 + the sum
+    over i < k of the product of the first i + 1."""
+    total, run = 1.0, 1.0
+    for a in accept[:k]:
+        run *= a
+        total += run
+    return total
 
 
 @dataclass
@@ -40,11 +51,7 @@ class DepthStats:
     requests: int = 0
 
     def expected_tokens(self, k: int) -> float:
-        total, run = 1.0, 1.0
-        for i in range(k):
-            run *= self.accept[i]
-            total += run
-        return total
+        return expected_tokens(self.accept, k)
 
     def rate(self, k: int) -> float | None:
         t = self.seconds.get(k)

@@ -62,7 +62,7 @@ from seatd.decode import (
     Speculation,
     make_cache,
 )
-from seatd.drafter_choice import choose
+from seatd.drafter_choice import Choice, choose
 from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.kv_budget import KVBudget
 from seatd.prefill_rows import PrefillCost, stack, stackable, take
@@ -151,7 +151,7 @@ class Row:
     drafter_in: bool = False  # its drafter has the prompt
     last_kept: int = 0
     by_lookup: bool = False  # this round's drafts come from its lookup drafter
-    lookup_order: int = 0  # the length of the n-gram that lookup matched
+    lookup_order: int = 0  # the n-gram length its last lookup round drafted from
     drafted: int = 0  # tokens drafted in its last verify step
     # A lookup match passed over: (its n-gram length, the context's length then, its
     # tokens), judged as the answer goes past it (`Engine._by_lookup`).
@@ -674,20 +674,22 @@ class Engine:
                    self.context_length - len(row.work.prompt) - (row.issued - row.start)) - 1
         if not row.drafter_in:  # its drafter is still taking the prompt
             self._drafter_prefill(row, self._catch_up_tokens())
-            return self._by_lookup(row, None, 0, room) if row.speculating else (0, 1.0)
+            return self._lookup_only(row, room) if row.speculating else (0, 1.0)
         policy = spec.policy
         if policy is None:
             want = spec.depth
         elif row.park_left > 0:
             row.park_left -= 1
-            return self._by_lookup(row, None, 0, room)
+            return self._lookup_only(row, room)
         else:
             lowest = 1 if row.probe else 0
             row.probe = False
-            depth, expected = self._by_lookup(row, policy, lowest, room)
-            if row.by_lookup:
-                return depth, expected
-            want = min(spec.depth, policy.best(lowest=lowest))
+            choice = self._by_lookup(row, policy, lowest, room)
+            if choice is not None and row.by_lookup:
+                return choice.depth, choice.expected
+            # The model's best depth, as the choice found it where it made one.
+            want = (choice.depth if choice is not None
+                    else min(spec.depth, policy.best(lowest=lowest)))
             if want == 0:
                 row.park_left, row.probe = PARK_TOKENS - 1, True
                 return 0, 1.0
@@ -700,9 +702,18 @@ class Engine:
                     else spec.stats.expected_tokens(depth))
         return depth, expected
 
+    def _lookup_only(self, row: Row, room: int) -> tuple[int, float]:
+        """A lookup round where it beats a plain token (the model drafter cannot draft
+        now), else a plain token."""
+        choice = self._by_lookup(row, None, 0, room)
+        return (choice.depth, choice.expected) if choice is not None and row.by_lookup \
+            else (0, 1.0)
+
     def _by_lookup(self, row: Row, model: RoundPolicy | None, lowest: int,
-                   room: int) -> tuple[int, float]:
-        """A lookup round if the choice falls on it (`row.by_lookup`), else (0, 1.0).
+                   room: int) -> Choice | None:
+        """The round's choice between the model (`model`; None: plain only) and the
+        lookup, `row.by_lookup` set where it falls on the lookup; None where the lookup
+        has nothing to offer (no drafter, no match, its first match judged only).
 
         A match the choice passes over is still judged: once the answer has gone past
         it, the tokens it would have kept count for the lookup's acceptance (a draft
@@ -712,7 +723,7 @@ class Engine:
         spec = row.work.spec
         if spec is None or spec.lookup is None or not spec.lookup_policies or room < 1 \
                 or not row.speculating:
-            return 0, 1.0
+            return None
         lookup = spec.lookup
         try:
             self._judge_shadow(row, spec.lookup_policies, spec.lookup_stats or {})
@@ -720,7 +731,7 @@ class Engine:
             follow = lookup.find(min(room, deepest))
             policy = spec.lookup_policies.get(lookup.order)
             if not follow or policy is None:
-                return 0, 1.0
+                return None
             # The request's own text judges its lookup first: its first match is only
             # judged (see above), and the lookup drafts after that, by what it showed.
             choice = (choose(model, spec.depth, policy, len(follow), model_lowest=lowest)
@@ -728,17 +739,17 @@ class Engine:
         except Exception as exc:  # the lookup's fault: this row drafts by its model alone
             log.warning("drafter_failed", error=repr(exc), request_id=row.rid, drafter="lookup")
             spec.lookup = None
-            return 0, 1.0
+            return None
         # The context may lack the token the last plain step made (still unread): the
         # decision is a token behind; the round drafts from the context the verify
         # sees, and its figures count what it drafted (`_verify_step`).
         if choice is None or choice.source != "lookup":
             if row.shadow is None:
                 row.shadow = (lookup.order, len(lookup.context), follow)
-            return 0, 1.0
+            return choice
         row.shadow = None
-        row.by_lookup, row.lookup_order = True, lookup.order
-        return choice.depth, choice.expected
+        row.by_lookup = True
+        return choice
 
     @staticmethod
     def _judge_shadow(row: Row, policies: dict[int, RoundPolicy],

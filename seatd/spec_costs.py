@@ -12,38 +12,32 @@ lookup).  Plain decoding costs `plain` per token.
 
 The batch engine measures the terms on some rounds of a request decoding alone: on those
 it evaluates the proposal before the verify (one extra host sync), so the two can be timed
-apart; every other round stays one graph with one sync.  The terms are moving averages;
-`predict` gives the tokens per second a depth should reach at an acceptance per position.
+apart; every other round stays one graph with one sync.  The terms are moving averages.
 
     costs.due()                              whether this round is one to split
     costs.observe_round(k, drafted_s, verify_s, total_s, lookup)
     costs.observe_plain(seconds)
     costs.draft(k), costs.verify(w)          seconds, or None while unmeasured
-    costs.predict(k, accept, lookup) -> tokens/s or None
+    costs.round(k, lookup)                   a round's seconds, or None
     costs.snapshot() -> {term: microseconds}  for the seat's counters
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 ALPHA = 0.2
 SPLIT_EVERY = 8  # rounds of a request alone between two split (timed-apart) rounds
 
 
+def _per_token(drafts: dict[int, float]) -> float | None:
+    """Seconds per drafted token over drafting times by depth."""
+    return sum(drafts.values()) / sum(drafts) if drafts else None
+
+
 def _avg(into: dict[int, float], key: int, value: float) -> None:
     old = into.get(key)
     into[key] = value if old is None else (1 - ALPHA) * old + ALPHA * value
-
-
-def expected_tokens(accept: Sequence[float], k: int) -> float:
-    """1 + sum over i < k of the product of the first i + 1 acceptances."""
-    total, run = 1.0, 1.0
-    for a in accept[:k]:
-        run *= a
-        total += run
-    return total
 
 
 @dataclass
@@ -84,9 +78,7 @@ class SpecCosts:
 
     def drafter_step(self) -> float | None:
         """Seconds per drafted token, over every measured depth."""
-        if not self.drafts:
-            return None
-        return sum(self.drafts.values()) / sum(self.drafts)
+        return _per_token(self.drafts)
 
     def verify(self, width: int) -> float | None:
         if width in self.verifies:
@@ -113,13 +105,6 @@ class SpecCosts:
             return None
         return draft + verify + self.host
 
-    def predict(self, k: int, accept: Sequence[float], lookup: bool = False) -> float | None:
-        """Tokens per second of rounds of depth k at this acceptance per position."""
-        seconds = self.round(k, lookup)
-        if seconds is None or seconds <= 0:
-            return None
-        return expected_tokens(accept, k) / seconds
-
     def snapshot(self) -> dict[str, int]:
         """The terms in microseconds: plain, drafter_step, draft_k, verify_wN, host,
         lookup_host (only those measured)."""
@@ -127,8 +112,9 @@ class SpecCosts:
         drafts, verifies = dict(self.drafts), dict(self.verifies)
         if self.plain is not None:
             out["plain"] = round(self.plain * 1e6)
-        if drafts:
-            out["drafter_step"] = round(sum(drafts.values()) / sum(drafts) * 1e6)
+        step = _per_token(drafts)
+        if step is not None:
+            out["drafter_step"] = round(step * 1e6)
         for k, s in sorted(drafts.items()):
             out[f"draft_{k}"] = round(s * 1e6)
         for w, s in sorted(verifies.items()):

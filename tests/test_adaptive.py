@@ -9,6 +9,7 @@ from seatd.adaptive import (
     DepthStats,
     RoundPolicy,
     choose_depth,
+    expected_tokens,
     observe,
     round_times,
 )
@@ -28,6 +29,8 @@ def test_expected_tokens() -> None:
     s = DepthStats(accept=[0.5] * 6)
     assert s.expected_tokens(0) == 1.0
     assert s.expected_tokens(3) == 1 + 0.5 + 0.25 + 0.125
+    assert expected_tokens([0.5] * 6, 2) == 1.75  # the cost model's, from a list
+    assert expected_tokens([0.5, 0.0, 0.9], 3) == 1.5  # nothing past a sure miss
 
 
 def test_warm_up_visits_every_depth_once() -> None:

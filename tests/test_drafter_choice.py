@@ -7,7 +7,7 @@ import pytest
 
 from seatd.adaptive import DepthStats, RoundPolicy
 from seatd.drafter_choice import Choice, choose, lookup_times
-from seatd.spec_costs import SPLIT_EVERY, SpecCosts, expected_tokens
+from seatd.spec_costs import SPLIT_EVERY, SpecCosts
 
 PLAIN = 0.040
 VERIFY = (0.040, 0.044, 0.046, 0.060, 0.061, 0.062, 0.063)  # by width 1..7
@@ -90,7 +90,7 @@ def test_an_estimate_above_the_models_round_is_not_believed() -> None:
 
 def test_cost_model_terms_and_prediction() -> None:
     c = SpecCosts()
-    assert c.round(3) is None and c.predict(3, [0.5] * 6) is None
+    assert c.round(3) is None
     c.observe_plain(PLAIN)
     c.observe_round(2, 2 * DRAFT_STEP, VERIFY[2], 2 * DRAFT_STEP + VERIFY[2] + 0.002)
     c.observe_round(4, 4 * DRAFT_STEP, VERIFY[4], 4 * DRAFT_STEP + VERIFY[4] + 0.002)
@@ -99,8 +99,6 @@ def test_cost_model_terms_and_prediction() -> None:
     assert c.verify(4) == pytest.approx((VERIFY[2] + VERIFY[4]) / 2)  # on the line
     assert c.round(3) == pytest.approx(3 * DRAFT_STEP + c.verify(4) + 0.002)  # type: ignore[operator]
     assert c.round(0) == PLAIN
-    rate = c.predict(4, [0.5] * 6)
-    assert rate == pytest.approx(expected_tokens([0.5] * 6, 4) / c.round(4))  # type: ignore[operator]
     # A lookup round pays no drafting; before its own host time, the model's stands in.
     assert c.round(4, lookup=True) == pytest.approx(VERIFY[4] + 0.002)
     c.observe_round(3, 0.0005, VERIFY[3], 0.0005 + VERIFY[3] + 0.0005, lookup=True)
@@ -114,8 +112,3 @@ def test_one_round_in_every_few_is_split() -> None:
     c = SpecCosts()
     due = [c.due() for _ in range(3 * SPLIT_EVERY)]
     assert due.count(True) == 3 and due[0]
-
-
-def test_expected_tokens() -> None:
-    assert expected_tokens([0.5] * 6, 0) == 1.0
-    assert expected_tokens([0.5] * 6, 2) == 1.75
