@@ -156,3 +156,46 @@ def test_spec_run_shows_workload_groups_and_the_cost_models_prediction() -> None
         in text
     assert "| decode tokens/s over plain, prose, t=0 | **2.50x**" in text
     assert "| rename t=0 | speculative d3 | 36.0 | 40.0 | 0.90x | 3% | 50% |" in text
+
+
+@pytest.mark.parametrize(("depths", "stem"), [
+    ((), "spec-adaptive"),
+    ((3,), "spec-adaptive"),
+    ((1, 2, 3, 4, 5, 6), "spec-adaptive-pinned1-2-3-4-5-6"),
+])
+def test_an_adaptive_run_over_other_pinned_depths_is_named_by_them(
+        depths: tuple[int, ...], stem: str) -> None:
+    from sanctum.bench.cli import spec_stem
+    from sanctum.bench.comparisons import Options
+
+    assert spec_stem(Options(draft_depth=None, pinned_depths=depths)) == stem
+
+
+def test_a_sweep_of_pinned_depths_gives_each_depth_over_plain_and_its_prediction() -> None:
+    """Each pinned depth gets a row over plain per temperature and a row of measured over
+    predicted (per request, goal 0.95x); requests the seat made no prediction for are left
+    out of it, not counted as zero."""
+    arms_ = ["speculative", "plain", "speculative d1", "speculative d10", "speculative d2"]
+    workloads = {"code-short t=0": "c", "prose t=0.7": "p"}
+    slots = make_schedule(arms_, list(workloads), 3, 1, seed=1)
+    clock = itertools.count(0.0)
+    figs = {"speculative": {"decode_tps": 50.0, "e2e_s": 1.0},
+            "plain": {"decode_tps": 20.0, "e2e_s": 2.0},
+            "speculative d1": {"decode_tps": 30.0, "e2e_s": 1.5, "predicted_tps": 40.0},
+            "speculative d2": {"decode_tps": 40.0, "e2e_s": 1.5, "predicted_tps": 40.0},
+            "speculative d10": {"decode_tps": 10.0, "e2e_s": 3.0}}
+    samples = run_schedule(slots, {a: (lambda w, a=a: figs[a]) for a in arms_}, run_id="s",
+                           clock=lambda: next(clock), loadavg=lambda: 0.5)
+    run = Run("s", "spec", "t", "plain", [ArmInfo(a, a) for a in arms_], workloads, 3, 1, 1,
+              {"date": "d", "cores": "2", "model": "m"}, samples)
+    text = render({"spec-adaptive-pinned1-2-10": run}, None, plot=no_plot)
+    assert "| decode tokens/s, speculative d1 over plain, t=0 | **1.50x**" in text
+    assert "| decode tokens/s, speculative d10 over plain, t=0.7 | **0.50x**" in text
+    assert ("| decode tokens/s of speculative d1, measured over the cost model's prediction, "
+            "every workload | **0.75x** [0.75–0.75], n=4 | ≥ 0.95x |") in text
+    assert "| decode tokens/s of speculative d2, measured over the cost model's prediction" \
+        in text
+    assert "speculative d10, measured over" not in text
+    assert text.index("speculative d2 over plain, t=0 ") < text.index(
+        "speculative d10 over plain, t=0 ")
+    assert "adaptive over speculative d" not in text

@@ -67,6 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                    batch_tokens=args.tokens or d.batch_tokens)
     depth = None if args.draft_depth == "adaptive" else int(args.draft_depth)
     opts.draft_depth = depth
+    opts.pinned_depths = tuple(int(d) for d in args.pinned_depths.split(",") if d)
     opts.workloads = tuple(w for w in args.workloads.split(",") if w)
     names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
     out = Path(args.out)
@@ -89,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def spec_stem(opts: Options) -> str:
     """spec, or spec-MODEL-DRAFTER-dN / spec-adaptive for runs off the default model,
     drafter or depth."""
-    from sanctum.bench.comparisons import Options
+    from sanctum.bench.comparisons import PINNED, Options
 
     parts = ["spec"]
     for given, default in ((opts.model, Options().model), (opts.drafter, Options().drafter)):
@@ -97,6 +98,8 @@ def spec_stem(opts: Options) -> str:
             parts.append(given.removeprefix("builtin:").rstrip("/").rsplit("/", 1)[-1])
     if opts.draft_depth != Options().draft_depth:
         parts.append("adaptive" if opts.draft_depth is None else f"d{opts.draft_depth}")
+    if opts.draft_depth is None and opts.pinned_depths not in ((), (PINNED,)):
+        parts.append("pinned" + "-".join(map(str, opts.pinned_depths)))
     return "-".join(parts)
 
 
@@ -145,6 +148,10 @@ def add_bench(sub: Any) -> None:
                      help="speculation: the seat's fixed draft depth and mlx-lm's "
                      "num_draft_tokens, or 'adaptive' (the seat's default; mlx-lm gets 4); "
                      "a depth other than the default is stored as spec-dN.json")
+    run.add_argument("--pinned-depths", default="",
+                     help="speculation, adaptive runs: comma-separated depths each measured "
+                     "on a seat of its own beside the adaptive seat, with its cost model's "
+                     "prediction (default: 3); stored as spec-...-adaptive-pinnedD-D-....json")
     run.add_argument("--requests", type=int, default=d.requests,
                      help="proxy overhead: requests per slot")
     run.add_argument("--clients", default=None,

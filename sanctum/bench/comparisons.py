@@ -53,6 +53,9 @@ class Options:
     # speculation: the seat's fixed draft depth (None: the seat's adaptive depth), also
     # mlx-lm's num_draft_tokens
     draft_depth: int | None = 4
+    # speculation, adaptive runs: the pinned depths measured beside the adaptive seat, each
+    # on a seat of its own with its cost model's prediction (default: PINNED alone)
+    pinned_depths: tuple[int, ...] = ()
     # only these workloads (names before the temperature suffix); empty: each comparison's own
     workloads: tuple[str, ...] = ()
     # proxy overhead
@@ -339,7 +342,6 @@ def _not_measurable(comparison: str, title: str, why: str, model: str) -> Run:
 
 SPEC_WORKLOADS = ("code-short", "doc2body", "rename", "repeat", "template", "prose")
 PINNED = 3  # the fixed depth an adaptive run is also measured against
-PINNED_ARM = f"speculative d{PINNED}"
 
 
 def spec(opts: Options) -> Run:
@@ -373,9 +375,10 @@ def spec(opts: Options) -> Run:
     port = servers.free_port()
     seats = [("spec", str(path), cap + 64, extra + depth_line + "speculation = true\n"),
              ("plain", str(path), cap + 64, extra + "speculation = false\n")]
-    if depth is None:  # adaptive: also against the same seat pinned at depth 3
-        seats.append(("spec-d3", str(path), cap + 64,
-                      extra + f"draft_depth = {PINNED}\nspeculation = true\n"))
+    pinned = (opts.pinned_depths or (PINNED,)) if depth is None else ()
+    for d in pinned:  # adaptive: also against the same seat pinned at each depth
+        seats.append((f"spec-d{d}", str(path), cap + 64,
+                      extra + f"draft_depth = {d}\nspeculation = true\n"))
     config = servers.sanctum_config(port, seats)
     mlx_spec = A.InProcessSpecArm(path, drafter, theirs_depth, 0.0, opts.tokens, by_name)
     refused = []
@@ -390,10 +393,10 @@ def spec(opts: Options) -> Run:
                                               depth=depth)),
                 "plain": ("our seat, same config, speculation off",
                           A.OpenAIArm(url, "plain", 0.0, opts.tokens, by_name))}
-        if depth is None:
-            arms[PINNED_ARM] = (f"the same seat with draft_depth = {PINNED}",
-                                A.SeatSpecArm(url, "spec-d3", 0.0, opts.tokens, by_name,
-                                              depth=PINNED))
+        for d in pinned:
+            arms[f"speculative d{d}"] = (f"the same seat with draft_depth = {d}",
+                                         A.SeatSpecArm(url, f"spec-d{d}", 0.0, opts.tokens,
+                                                       by_name, depth=d))
         if not refused:
             arms["mlx-lm speculative"] = (
                 "mlx-lm speculative_generate_step in the benchmark process, same pair "

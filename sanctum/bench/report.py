@@ -19,6 +19,7 @@ from sanctum.bench.stats import (
     check_interleaved,
     figure_values,
     load_range,
+    measured,
     pair_differences,
     pair_ratios,
     summarize,
@@ -112,9 +113,19 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
         names = {a.name for a in run.arms}
         out += _per_temperature(run, "decode_tps", arm, base,
                                 "decode tokens/s over plain, t={t}", "spec")
-        if PINNED_ARM in names:
+        pinned = pinned_arms(run)
+        if pinned == [PINNED_ARM]:
             out += _per_temperature(run, "decode_tps", arm, PINNED_ARM,
                                     f"decode tokens/s, adaptive over {PINNED_ARM}, t={{t}}")
+        elif pinned:  # a sweep: each depth over plain, and against its prediction
+            for d in pinned:
+                out += _per_temperature(run, "decode_tps", d, base,
+                                        f"decode tokens/s, {d} over plain, t={{t}}")
+            for d in pinned:
+                r = measured_over_predicted(run, d)
+                if r:
+                    out.append((f"decode tokens/s of {d}, measured over the cost model's "
+                                "prediction, every workload", summarize(r), SPEC_PREDICTION))
         if MLX_SPEC in names:
             out += _per_temperature(run, "decode_tps", arm, MLX_SPEC,
                                     "decode tokens/s, ours over mlx-lm speculative, t={t}")
@@ -226,6 +237,22 @@ def _added(run: Run) -> list[str]:
 
 MLX_SPEC = "mlx-lm speculative"
 PINNED_ARM = "speculative d3"  # an adaptive run's pinned-depth arm (comparisons.PINNED)
+SPEC_PREDICTION = 0.95  # goal: a pinned depth's measured speed over its predicted
+
+
+def pinned_arms(run: Run) -> list[str]:
+    """A speculation run's pinned-depth arms ('speculative dN'), shallowest first."""
+    names = [a.name for a in run.arms if a.name.startswith("speculative d")
+             and a.name.removeprefix("speculative d").isdigit()]
+    return sorted(names, key=lambda n: int(n.removeprefix("speculative d")))
+
+
+def measured_over_predicted(run: Run, arm: str, workload: str | None = None) -> list[float]:
+    """Per measured request of `arm`: its decode tokens/s over the tokens/s the seat's
+    cost model predicted for it (requests with no prediction are left out).  Pure."""
+    return [s.figures["decode_tps"] / s.figures["predicted_tps"] for s in measured(run.samples)
+            if s.arm == arm and (workload is None or s.workload == workload)
+            and s.figures.get("predicted_tps") and "decode_tps" in s.figures]
 
 
 def spec_against_mlx(run: Run) -> list[str]:
