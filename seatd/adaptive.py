@@ -50,6 +50,11 @@ class DepthStats:
     rounds: int = 0
     requests: int = 0
 
+    @classmethod
+    def to_depth(cls, max_depth: int) -> DepthStats:
+        """Figures of rounds up to `max_depth`, at the default prior."""
+        return cls(max_depth=max_depth, accept=[0.6] * max_depth)
+
     def expected_tokens(self, k: int) -> float:
         return expected_tokens(self.accept, k)
 

@@ -22,6 +22,11 @@ Round times of the lookup drafter (`lookup_times`): measured where its rounds ra
 line through them where two depths ran, else the model drafter's round time at that
 depth less its drafting as the cost model measured it (`seatd.spec_costs`: verify plus
 host), else the model drafter's whole round, an upper bound.
+
+A lookup may draft deeper than the model drafter (`LOOKUP_MAX_DEPTH`): its round costs
+only the verify, and where the answer copies its context a match runs on for many
+tokens.  How deep it goes is the same choice, by its acceptance per position and its
+round times, so a lookup that misses stays shallow.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from seatd.adaptive import DepthStats, RoundPolicy, round_times
+
+LOOKUP_MAX_DEPTH = 15  # a lookup round verifies at most 16 tokens
 
 
 @dataclass(frozen=True)
@@ -69,13 +76,26 @@ def choose(model: RoundPolicy | None, model_cap: int, lookup: RoundPolicy | None
     return choice
 
 
+def extend_times(times: tuple[float, ...], top: int) -> tuple[float, ...]:
+    """Round times at depths 0..top: past the deepest given, a line through its last two
+    depths (a round's cost grows with its width; a lookup may draft deeper than the model
+    drafter, whose rounds these are).  Pure."""
+    if len(times) > top or len(times) < 2:
+        return times[: top + 1]
+    slope = max(0.0, times[-1] - times[-2]) if len(times) > 2 else 0.0
+    last = len(times) - 1
+    return (*times, *(times[-1] + slope * (k - last) for k in range(last + 1, top + 1)))
+
+
 def lookup_times(model_times: tuple[float, ...], stats: DepthStats,
                  estimate: Sequence[float | None] = ()) -> tuple[float, ...]:
-    """Seconds of a lookup round at each depth 0..len(model_times)-1 (0: one plain
-    token, the model's figure): see the module's docstring.  `estimate`: the cost
-    model's lookup round by depth (`seatd.spec_costs`), used before the seat's own lookup
-    rounds have a line of their own."""
-    top = len(model_times) - 1
+    """Seconds of a lookup round at each depth 0..stats.max_depth (0: one plain token,
+    the model's figure): see the module's docstring.  `estimate`: the cost model's lookup
+    round by depth (`seatd.spec_costs`), used before the seat's own lookup rounds have a
+    line of their own.  Past the model drafter's deepest depth its round time goes on
+    as a line (`extend_times`)."""
+    top = stats.max_depth
+    model_times = extend_times(model_times, top)
     measured = {k: t for k, t in stats.seconds.items() if 0 < k <= top and t > 0}
     fitted = round_times(replace(stats, max_depth=top,
                                  seconds={**measured, 0: model_times[0]}))

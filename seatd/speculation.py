@@ -25,9 +25,9 @@ from typing import Any
 import structlog
 
 from seatd import recurrent
-from seatd.adaptive import MAX_DEPTH, DepthStats, RoundPolicy, choose_depth
+from seatd.adaptive import DepthStats, RoundPolicy, choose_depth
 from seatd.decode import Speculation, make_cache
-from seatd.drafter_choice import lookup_policy
+from seatd.drafter_choice import LOOKUP_MAX_DEPTH, lookup_policy
 from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.prompt_cache import OFF_VALUES
 from seatd.spec_costs import SpecCosts
@@ -61,7 +61,7 @@ class SeatSpeculation:
         self.seat = seat
         self.stats = DepthStats()
         # a model drafter's rows' lookup rounds, by the length of the n-gram matched
-        self.lookup_stats = {n: DepthStats() for n in LOOKUP_ORDERS}
+        self.lookup_stats = {n: DepthStats.to_depth(LOOKUP_MAX_DEPTH) for n in LOOKUP_ORDERS}
         self.costs = SpecCosts()  # measured by the engine on rounds of a request alone
         self.drafter_model: Any = None
         self.unusable: str | None = None
@@ -118,14 +118,14 @@ class SeatSpeculation:
         if policy is None:  # pinned, or warming up: the model drafter at that depth
             return Speculation(ModelDrafter(self.drafter_model), depth, self.stats,
                                costs=self.costs)
-        estimate = [self.costs.round(k, lookup=True) for k in range(len(policy.seconds))]
+        estimate = [self.costs.round(k, lookup=True) for k in range(LOOKUP_MAX_DEPTH + 1)]
         policies = {n: lookup_policy(policy.seconds, s, estimate)
                     for n, s in self.lookup_stats.items()}
         if depth == 0:
             # The model drafter does not pay on this seat now; prompt lookup of its
             # longest n-grams still may, round by round (its policy parks where not).
             n = max(LOOKUP_ORDERS)
-            return Speculation(LookupDrafter(max_ngram=n, min_ngram=n), MAX_DEPTH,
+            return Speculation(LookupDrafter(max_ngram=n, min_ngram=n), LOOKUP_MAX_DEPTH,
                                self.lookup_stats[n], policy=policies[n], costs=self.costs)
         # Each round may draft by lookup instead of the model (`seatd.drafter_choice`).
         return Speculation(ModelDrafter(self.drafter_model), depth, self.stats, policy=policy,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from seatd.adaptive import DepthStats, RoundPolicy
-from seatd.drafter_choice import Choice, choose, lookup_times
+from seatd.drafter_choice import LOOKUP_MAX_DEPTH, Choice, choose, extend_times, lookup_times
 from seatd.spec_costs import SPLIT_EVERY, SpecCosts
 
 PLAIN = 0.040
@@ -81,6 +81,39 @@ def test_lookup_times_from_its_own_rounds_then_the_cost_model_then_the_model() -
     one = DepthStats(seconds={3: 0.030})  # one depth measured: it, and guesses elsewhere
     got = lookup_times(model_times(), one, estimate)
     assert got[3] == 0.030 and got[5] == pytest.approx(VERIFY[5] + 0.001)
+
+
+@pytest.mark.parametrize(("times", "top", "want"), [
+    ((0.04, 0.05, 0.06), 4, (0.04, 0.05, 0.06, 0.07, 0.08)),  # on the last two's line
+    ((0.04, 0.05, 0.06), 1, (0.04, 0.05)),  # shorter: cut
+    ((0.04, 0.05, 0.06), 2, (0.04, 0.05, 0.06)),
+    ((0.04, 0.07, 0.06), 3, (0.04, 0.07, 0.06, 0.06)),  # a falling last step: flat
+    ((0.04, 0.05), 3, (0.04, 0.05, 0.05, 0.05)),  # one depth: flat
+])
+def test_round_times_past_the_models_deepest_depth(times: tuple[float, ...], top: int,
+                                                   want: tuple[float, ...]) -> None:
+    assert extend_times(times, top) == pytest.approx(want)
+
+
+def test_a_lookup_that_keeps_whole_copies_drafts_past_the_models_deepest_depth() -> None:
+    """Rounds cost their verify (a line in the width past the model's depths); where a
+    request's lookup kept every token it drafted, a long match is drafted deeper than the
+    model drafter ever goes; where it kept little, it stays shallow."""
+    deep = DepthStats.to_depth(LOOKUP_MAX_DEPTH)
+    estimate = [None, *(0.040 + 0.002 * k for k in range(1, LOOKUP_MAX_DEPTH + 1))]
+    times = lookup_times(model_times(), deep, estimate)
+    assert len(times) == LOOKUP_MAX_DEPTH + 1
+    assert times[LOOKUP_MAX_DEPTH] == pytest.approx(0.040 + 0.002 * LOOKUP_MAX_DEPTH)
+    copier = RoundPolicy(times, tuple(deep.accept))
+    for _ in range(4):
+        copier.observe(6, 6)
+    got = choose(policy(model_times(), 0.5), 6, copier, 12)
+    assert got.source == "lookup" and 6 < got.depth <= 12  # past the model, within the match
+    misser = RoundPolicy(times, tuple(deep.accept))
+    for _ in range(4):
+        misser.observe(6, 1)
+    got = choose(policy(model_times(), 0.1), 6, misser, 12)
+    assert got.depth <= 6
 
 
 def test_an_estimate_above_the_models_round_is_not_believed() -> None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from seatd.adaptive import MAX_DEPTH
 from seatd.batch import Engine, Work
 from seatd.counters import SeatCounters
 from seatd.decode import DecodeResult, output_width
@@ -112,6 +113,8 @@ def test_copy_drafts_by_lookup_and_keeps_its_bytes(target: Any, params: Sampling
     if params.temperature == 0:  # the model copies: the lookup's drafts are kept
         rounds, _, kept = report.by_drafter["lookup"]
         assert rounds > 0 and kept > 0
+        # ... and drafted deeper than the model drafter goes (its rounds cost a verify)
+        assert len(report.accepted_per_position) > MAX_DEPTH
     assert sum(r for r, _, _ in report.by_drafter.values()) == report.drafts
     assert sum(k for _, _, k in report.by_drafter.values()) == report.accepted_tokens
     counters = SeatCounters("s", None)
