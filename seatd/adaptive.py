@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 MAX_DEPTH = 6
+PRIOR_ACCEPT = 0.6  # a position's acceptance before any round was seen
 PRIOR_WEIGHT = 2.0  # the seat's acceptance counts as this many rounds of the request's
 PARK_TOKENS = 8  # plain tokens between probe rounds while parked at depth 0
 ALPHA = 0.1  # weight of a new observation
@@ -44,16 +45,14 @@ def expected_tokens(accept: Sequence[float], k: int) -> float:
 @dataclass
 class DepthStats:
     max_depth: int = MAX_DEPTH
-    accept: list[float] = field(default_factory=lambda: [0.6] * MAX_DEPTH)
+    accept: list[float] = field(default_factory=list)  # empty: PRIOR_ACCEPT at each depth
     seconds: dict[int, float] = field(default_factory=dict)  # depth -> round time
     seen: dict[int, int] = field(default_factory=dict)
     rounds: int = 0
     requests: int = 0
 
-    @classmethod
-    def to_depth(cls, max_depth: int) -> DepthStats:
-        """Figures of rounds up to `max_depth`, at the default prior."""
-        return cls(max_depth=max_depth, accept=[0.6] * max_depth)
+    def __post_init__(self) -> None:
+        self.accept = self.accept or [PRIOR_ACCEPT] * self.max_depth
 
     def expected_tokens(self, k: int) -> float:
         return expected_tokens(self.accept, k)
@@ -145,16 +144,27 @@ class RoundPolicy:
         return (self.prior[i] * PRIOR_WEIGHT + self.hits[i]) / (PRIOR_WEIGHT + self.tries[i])
 
     def expected(self, k: int) -> float:
-        total, run = 1.0, 1.0
-        for i in range(k):
-            run *= self.accept(i)
-            total += run
-        return total
+        return self.expected_upto(k)[k]
 
-    def best(self, lowest: int = 0) -> int:
-        """The depth with the highest expected rate (the shallower on a tie)."""
-        return max(range(lowest, len(self.seconds)),
-                   key=lambda k: (self.expected(k) / self.seconds[k], -k))
+    def expected_upto(self, top: int) -> list[float]:
+        """Expected tokens of a round at each depth 0..top, in one pass over the
+        positions (each depth's figure is the one before it plus one more product)."""
+        out = [1.0]
+        run, last = 1.0, 0.0
+        for i in range(top):
+            # accept(i) borrows from the nearest tried position before it: carry it
+            a = last if i and self.tries[i] == 0 and any(self.tries[:i]) else self.accept(i)
+            last = a
+            run *= a
+            out.append(out[-1] + run)
+        return out
+
+    def best(self, lowest: int = 0, highest: int | None = None) -> int:
+        """The depth with the highest expected rate within [lowest, highest] (the
+        shallower on a tie)."""
+        top = len(self.seconds) - 1 if highest is None else min(highest, len(self.seconds) - 1)
+        expected = self.expected_upto(top)
+        return max(range(lowest, top + 1), key=lambda k: (expected[k] / self.seconds[k], -k))
 
     def observe(self, drafted: int, kept: int) -> None:
         for i in range(min(kept + 1, drafted)):

@@ -51,8 +51,7 @@ def _best(policy: RoundPolicy, lowest: int, highest: int) -> tuple[int, float]:
     highest = min(highest, len(policy.seconds) - 1)
     if highest < lowest:
         return 0, 0.0
-    k = max(range(lowest, highest + 1),
-            key=lambda d: (policy.expected(d) / policy.seconds[d], -d))
+    k = policy.best(lowest, highest)
     return k, policy.expected(k) / policy.seconds[k]
 
 

@@ -61,7 +61,7 @@ class SeatSpeculation:
         self.seat = seat
         self.stats = DepthStats()
         # a model drafter's rows' lookup rounds, by the length of the n-gram matched
-        self.lookup_stats = {n: DepthStats.to_depth(LOOKUP_MAX_DEPTH) for n in LOOKUP_ORDERS}
+        self.lookup_stats = {n: DepthStats(max_depth=LOOKUP_MAX_DEPTH) for n in LOOKUP_ORDERS}
         self.costs = SpecCosts()  # measured by the engine on rounds of a request alone
         self.drafter_model: Any = None
         self.unusable: str | None = None

@@ -99,7 +99,7 @@ def test_a_lookup_that_keeps_whole_copies_drafts_past_the_models_deepest_depth()
     """Rounds cost their verify (a line in the width past the model's depths); where a
     request's lookup kept every token it drafted, a long match is drafted deeper than the
     model drafter ever goes; where it kept little, it stays shallow."""
-    deep = DepthStats.to_depth(LOOKUP_MAX_DEPTH)
+    deep = DepthStats(max_depth=LOOKUP_MAX_DEPTH)
     estimate = [None, *(0.040 + 0.002 * k for k in range(1, LOOKUP_MAX_DEPTH + 1))]
     times = lookup_times(model_times(), deep, estimate)
     assert len(times) == LOOKUP_MAX_DEPTH + 1
