@@ -112,3 +112,22 @@ def test_round_policy_counts_only_positions_it_reached() -> None:
     p = RoundPolicy(CHEAP, (0.5,) * 6)
     p.observe(4, 1)
     assert p.tries == [1, 1, 0, 0, 0, 0] and p.hits == [1, 0, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("history", [(), ((3, 3),), ((2, 0), (5, 5)), ((1, 1), (4, 2), (6, 6))])
+def test_expected_tokens_at_every_depth_in_one_pass_equal_each_depths_own(
+        history: tuple[tuple[int, int], ...]) -> None:
+    """The one-pass figures (untried positions borrowing the nearest tried one before
+    them) are exactly the product formula over `accept`, depth by depth."""
+    p = RoundPolicy(tuple(0.04 + 0.01 * k for k in range(10)), (0.7, 0.5, 0.9, 0.3, 0.6,
+                                                               0.8, 0.2, 0.4, 0.55))
+    for drafted, kept in history:
+        p.observe(drafted, kept)
+    got = p.expected_upto(9)
+    for k in range(10):
+        total, run = 1.0, 1.0
+        for i in range(k):
+            run *= p.accept(i)
+            total += run
+        assert got[k] == total
+    assert p.best(0, 4) <= 4 and p.best(2) >= 2
