@@ -82,6 +82,10 @@ Emit = Callable[[str, int, str, Sequence[int], Sequence[TokenLogprob]], None]
 # inter-token gaps grow by less than that while a prompt joins.
 PREFILL_SHARE = 0.8
 PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
+# Rounds of one lookup match class (`seatd.drafters.match_key`) after which the seat's
+# figures of it are its prior for a request's first match of that class, instead of
+# the request judging one match first.
+TRUSTED_ROUNDS = 8
 
 
 class RowCancelled(Exception):
@@ -151,9 +155,9 @@ class Row:
     drafter_in: bool = False  # its drafter has the prompt
     last_kept: int = 0
     by_lookup: bool = False  # this round's drafts come from its lookup drafter
-    lookup_order: int = 0  # the n-gram length its last lookup round drafted from
+    lookup_key: int = 0  # the match class its last lookup round drafted from (match_key)
     drafted: int = 0  # tokens drafted in its last verify step
-    # A lookup match passed over: (its n-gram length, the context's length then, its
+    # A lookup match passed over: (its match class, the context's length then, its
     # tokens), judged as the answer goes past it (`Engine._by_lookup`).
     shadow: tuple[int, int, list[int]] | None = None
     park_left: int = 0  # plain tokens left in a parked burst (`seatd.adaptive`)
@@ -650,9 +654,7 @@ class Engine:
                 costs.observe_plain(elapsed)
             if spec is not None and (row.speculating
                                      or row.report.state == "declined:not_profitable"):
-                stats = (spec.lookup_stats.get(row.lookup_order)
-                         if row.by_lookup and depths[0] and spec.lookup_stats is not None
-                         else spec.stats)
+                stats = self._figures(row, spec)[0] if depths[0] else spec.stats
                 if stats is not None and not (depths[0] and not row.drafted):
                     # a verify step that drafted nothing is no round of any depth
                     observe(stats, row.drafted if depths[0] else 0,
@@ -675,6 +677,8 @@ class Engine:
         if not row.drafter_in:  # its drafter is still taking the prompt
             self._drafter_prefill(row, self._catch_up_tokens())
             return self._lookup_only(row, room) if row.speculating else (0, 1.0)
+        if isinstance(spec.drafter, LookupDrafter) and spec.lookup_policies is not None:
+            return self._lookup_alone(spec.drafter, spec.lookup_policies, room)
         policy = spec.policy
         if policy is None:
             want = spec.depth
@@ -709,6 +713,21 @@ class Engine:
         return (choice.depth, choice.expected) if choice is not None and row.by_lookup \
             else (0, 1.0)
 
+    @staticmethod
+    def _lookup_alone(lookup: LookupDrafter, policies: dict[int, RoundPolicy],
+                      room: int) -> tuple[int, float]:
+        """A lookup drafting alone (its seat's model drafter parked): the depth that pays
+        best for its match's class, within the match; no match, or a class where no
+        depth beats a plain token: a plain token."""
+        if room < 1:
+            return 0, 1.0
+        follow = lookup.find(min(room, max(p.max_depth for p in policies.values())))
+        policy = policies.get(lookup.key)
+        if not follow or policy is None:
+            return 0, 1.0
+        k = policy.best(0, len(follow))
+        return k, policy.expected(k)
+
     def _by_lookup(self, row: Row, model: RoundPolicy | None, lowest: int,
                    room: int) -> Choice | None:
         """The round's choice between the model (`model`; None: plain only) and the
@@ -729,13 +748,16 @@ class Engine:
             self._judge_shadow(row, spec.lookup_policies, spec.lookup_stats or {})
             deepest = max(p.max_depth for p in spec.lookup_policies.values())
             follow = lookup.find(min(room, deepest))
-            policy = spec.lookup_policies.get(lookup.order)
+            policy = spec.lookup_policies.get(lookup.key)
+            seat = (spec.lookup_stats or {}).get(lookup.key)
             if not follow or policy is None:
                 return None
-            # The request's own text judges its lookup first: its first match is only
-            # judged (see above), and the lookup drafts after that, by what it showed.
+            # Until the seat has figures of this match class, the request's own text
+            # judges its lookup first: its first match is only judged (see above), and
+            # the lookup drafts after that, by what it showed.
+            trusted = policy.tries[0] or (seat is not None and seat.rounds >= TRUSTED_ROUNDS)
             choice = (choose(model, spec.depth, policy, len(follow), model_lowest=lowest)
-                      if policy.tries[0] else None)
+                      if trusted else None)
         except Exception as exc:  # the lookup's fault: this row drafts by its model alone
             log.warning("drafter_failed", error=repr(exc), request_id=row.rid, drafter="lookup")
             spec.lookup = None
@@ -745,7 +767,7 @@ class Engine:
         # sees, and its figures count what it drafted (`_verify_step`).
         if choice is None or choice.source != "lookup":
             if row.shadow is None:
-                row.shadow = (lookup.order, len(lookup.context), follow)
+                row.shadow = (lookup.key, len(lookup.context), follow)
             return choice
         row.shadow = None
         row.by_lookup = True
@@ -934,8 +956,9 @@ class Engine:
             draft = draft if draft is not None and draft.k > 0 else None
             drafts.append(draft)
             r.drafted = draft.k if draft is not None else 0
-            if r.by_lookup and spec is not None and spec.lookup is not None:
-                r.lookup_order = spec.lookup.order  # of the match it drafted from
+            lookup = (spec.lookup if r.by_lookup else spec.drafter) if spec is not None else None
+            if isinstance(lookup, LookupDrafter):
+                r.lookup_key = lookup.key  # of the match it drafted from
         drafted_at = None
         if split is not None:
             mx.eval([d.tokens for d in drafts if d is not None])
@@ -1092,17 +1115,23 @@ class Engine:
     def _account(self, row: Row, spec: Speculation, drafted: int, kept: int) -> None:
         report = row.report
         row.last_kept = kept
-        stats: DepthStats | None = spec.stats
-        policy = spec.policy
-        if row.by_lookup and spec.lookup_stats is not None and spec.lookup_policies is not None:
-            stats = spec.lookup_stats.get(row.lookup_order)
-            policy = spec.lookup_policies.get(row.lookup_order)
+        stats, policy = self._figures(row, spec)
         if len(self._batch_of(row)) > 1 and stats is not None:  # alone, the step's time
             observe(stats, drafted, kept, None)  # goes in with it
         if policy is not None:
             policy.observe(drafted, kept)
         drafter = spec.lookup if row.by_lookup else spec.drafter
         report.verified(drafted, kept, getattr(drafter, "name", "model"))
+
+    @staticmethod
+    def _figures(row: Row, spec: Speculation) -> tuple[DepthStats | None, RoundPolicy | None]:
+        """The seat's figures and the request's policy that this row's last round counts
+        for: a lookup round's, by the class of the match it drafted from."""
+        keyed = row.by_lookup or (isinstance(spec.drafter, LookupDrafter)
+                                  and spec.lookup_policies is not None)
+        if keyed and spec.lookup_stats is not None and spec.lookup_policies is not None:
+            return spec.lookup_stats.get(row.lookup_key), spec.lookup_policies.get(row.lookup_key)
+        return spec.stats, spec.policy
 
     def _batch_of(self, row: Row) -> list[Row]:
         lane = self.lanes.get(row.lane)

@@ -105,8 +105,10 @@ class Speculation:
     policy: RoundPolicy | None = None  # set: the depth is chosen round by round
     # With a policy, a model drafter's row may also draft by prompt lookup, round by
     # round (`seatd.drafter_choice`; the batch engine's rows only).
-    # By the length of the n-gram a lookup matched (its drafts are kept more often the
-    # longer it is): the seat's lookup figures, and the request's policies.
+    # By the class of how far a lookup's match reaches back (`seatd.drafters.match_key`:
+    # its drafts are kept more often the further it is): the seat's lookup figures, and
+    # the request's policies.  A lookup drafting alone (a parked model seat's) uses them
+    # too.
     lookup: LookupDrafter | None = None
     lookup_stats: dict[int, DepthStats] | None = None
     lookup_policies: dict[int, RoundPolicy] | None = None

@@ -129,15 +129,38 @@ class ModelDrafter:
         self.pending.append(token)
 
 
+MATCH_CAP = 32  # a match is measured back this far: past it, longer says no more
+RECENT_STARTS = 8  # occurrences of the longest n-gram compared by how far they match
+
+
+def match_key(matched: int) -> int:
+    """The class of a lookup match by how many context tokens it matched: the n-gram
+    lengths themselves, then 4-7, 8-15 and 16 or more.  A match that runs on for a line
+    is a copy in progress and is judged apart from a stray trigram.  Pure."""
+    for floor in (16, 8, 4):
+        if matched >= floor:
+            return floor
+    return matched
+
+
+MATCH_KEYS = (2, 3, 4, 8, 16)  # match_key of the matches a model seat's lookup drafts from
+
+
 class LookupDrafter:
-    """Prompt n-gram lookup: propose what followed the last n-gram's latest match.
+    """Prompt n-gram lookup: propose what followed the context's tail where it occurred
+    before, choosing, among the latest few occurrences of the longest n-gram that
+    occurred, the one whose earlier tokens match the context furthest back (ties: the
+    latest).  `matched` is how far that is (at most MATCH_CAP); `key` its class
+    (`match_key`), by which a seat keeps the lookup's figures apart: a copy in progress
+    matches far back and keeps its drafts, a stray trigram seldom does.
 
     Its q is one-hot, so shaping needs nothing of it: the verifier judges its drafts
     against the shaped target, and cuts a draft at a token the grammar forbids.
 
-    The context is indexed as it grows (each n-gram's latest start with a token after
-    it), so finding a match costs a dictionary lookup per n-gram length, not a scan of
-    the context: a seat asks every round, and while parked every token."""
+    The context is indexed as it grows (each n-gram's latest starts with a token after
+    them), so finding a match costs a dictionary lookup per n-gram length and a few
+    short comparisons, not a scan of the context: a seat asks every round, and while
+    parked every token."""
 
     name = "lookup"
     shapes = True
@@ -146,36 +169,52 @@ class LookupDrafter:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.context: list[int] = []
-        self._latest: dict[tuple[int, ...], int] = {}  # n-gram -> its latest start
-        self.order = 0  # the length of the n-gram `find` matched last (0: none)
+        self._starts: dict[tuple[int, ...], list[int]] = {}  # n-gram -> its latest starts
+        self.matched = 0  # how many tokens `find`'s last match matched (0: none)
+        self.key = 0  # match_key(matched)
 
     def start(self, prompt_ids: Sequence[int]) -> None:
         self.context = []
-        self._latest = {}
+        self._starts = {}
         self.extend(prompt_ids)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Tokens that follow the context (the target's, whoever drafted them)."""
         ctx = self.context
+        starts = self._starts
         for t in tokens:
             ctx.append(int(t))
             end = len(ctx) - 1  # n-grams ending just before the new token now have a follower
             for n in range(self.min_ngram, self.max_ngram + 1):
                 if end - n >= 0:
-                    self._latest[tuple(ctx[end - n : end])] = end - n
+                    at = starts.setdefault(tuple(ctx[end - n : end]), [])
+                    at.append(end - n)
+                    if len(at) > RECENT_STARTS:
+                        del at[0]
 
     def find(self, k: int) -> list[int]:
-        """Up to k tokens that followed the latest earlier occurrence of the longest
+        """Up to k tokens that followed the best earlier occurrence of the longest
         n-gram ending the context (none: no n-gram of it occurred before)."""
         ctx = self.context
+        last = len(ctx)
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            if len(ctx) <= n:
+            if last <= n:
                 continue
-            start = self._latest.get(tuple(ctx[-n:]))
-            if start is not None:
-                self.order = n
-                return ctx[start + n : start + n + k]
-        self.order = 0
+            at = self._starts.get(tuple(ctx[-n:]))
+            if not at:
+                continue
+            best, matched = at[-1], n
+            if n == self.max_ngram:  # a shorter n-gram cannot match further back
+                for start in reversed(at):
+                    m = n
+                    while m < MATCH_CAP and start + n - m > 0 \
+                            and ctx[start + n - m - 1] == ctx[last - m - 1]:
+                        m += 1
+                    if m > matched:
+                        best, matched = start, m
+            self.matched, self.key = matched, match_key(matched)
+            return ctx[best + n : best + n + k]
+        self.matched = self.key = 0
         return []
 
     def propose(self, k: int, params: SamplingParams, draws: Draws,

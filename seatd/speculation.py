@@ -28,7 +28,7 @@ from seatd import recurrent
 from seatd.adaptive import DepthStats, RoundPolicy, choose_depth
 from seatd.decode import Speculation, make_cache
 from seatd.drafter_choice import LOOKUP_MAX_DEPTH, lookup_policy
-from seatd.drafters import LookupDrafter, ModelDrafter
+from seatd.drafters import MATCH_KEYS, LookupDrafter, ModelDrafter
 from seatd.prompt_cache import OFF_VALUES
 from seatd.spec_costs import SpecCosts
 from shared.config import Config, SeatConfig, resolve_path
@@ -36,10 +36,11 @@ from shared.protocol import Generate
 
 log = structlog.get_logger()
 
-# Beside a model drafter, the lookup drafts from matches of two or three tokens, each
-# length with its own figures: a single token's earlier follower is seldom the target's
-# next (the model drafter does better).
-LOOKUP_ORDERS = (2, 3)
+# Beside a model drafter, the lookup drafts from matches of two or three tokens or more
+# (a single token's earlier follower is seldom the target's next; the model drafter does
+# better), with figures of their own for each class of how far the match reaches back
+# (`seatd.drafters.match_key`).
+LOOKUP_ORDERS = (2, 3)  # the n-gram lengths a model seat's lookup matches
 
 
 def kill_switch(seat: SeatConfig) -> bool:
@@ -61,7 +62,10 @@ class SeatSpeculation:
         self.seat = seat
         self.stats = DepthStats()
         # a model drafter's rows' lookup rounds, by the length of the n-gram matched
-        self.lookup_stats = {n: DepthStats(max_depth=LOOKUP_MAX_DEPTH) for n in LOOKUP_ORDERS}
+        # by whether the request samples (temperature > 0: a one-hot draft is kept only
+        # where the target's draw lands on it), then by match class
+        self.lookup_stats = {sampled: {n: DepthStats(max_depth=LOOKUP_MAX_DEPTH)
+                                       for n in MATCH_KEYS} for sampled in (False, True)}
         self.costs = SpecCosts()  # measured by the engine on rounds of a request alone
         self.drafter_model: Any = None
         self.unusable: str | None = None
@@ -119,16 +123,19 @@ class SeatSpeculation:
             return Speculation(ModelDrafter(self.drafter_model), depth, self.stats,
                                costs=self.costs)
         estimate = [self.costs.round(k, lookup=True) for k in range(LOOKUP_MAX_DEPTH + 1)]
-        policies = {n: lookup_policy(policy.seconds, s, estimate)
-                    for n, s in self.lookup_stats.items()}
+        figures = self.lookup_stats[request.params.temperature > 0]
+        policies = {n: lookup_policy(policy.seconds, s, estimate) for n, s in figures.items()}
         if depth == 0:
             # The model drafter does not pay on this seat now; prompt lookup of its
-            # longest n-grams still may, round by round (its policy parks where not).
+            # longest n-grams still may, round by round, by its match's class (a plain
+            # token where that does not pay).
             n = max(LOOKUP_ORDERS)
             return Speculation(LookupDrafter(max_ngram=n, min_ngram=n), LOOKUP_MAX_DEPTH,
-                               self.lookup_stats[n], policy=policies[n], costs=self.costs)
+                               figures[n], policy=policies[n],
+                               lookup_stats=figures, lookup_policies=policies,
+                               costs=self.costs)
         # Each round may draft by lookup instead of the model (`seatd.drafter_choice`).
         return Speculation(ModelDrafter(self.drafter_model), depth, self.stats, policy=policy,
                            lookup=LookupDrafter(max(LOOKUP_ORDERS), min(LOOKUP_ORDERS)),
-                           lookup_stats=self.lookup_stats, lookup_policies=policies,
+                           lookup_stats=figures, lookup_policies=policies,
                            costs=self.costs)

@@ -115,6 +115,11 @@ def test_copy_drafts_by_lookup_and_keeps_its_bytes(target: Any, params: Sampling
         assert rounds > 0 and kept > 0
         # ... and drafted deeper than the model drafter goes (its rounds cost a verify)
         assert len(report.accepted_per_position) > MAX_DEPTH
+        # A copy in progress matches far back: rounds of the long-match classes.
+        assert any(s.rounds for key, s in spec.lookup_stats[False].items() if key >= 8)
+    # The seat's lookup figures are kept apart for greedy and sampled requests.
+    sampled = params.temperature > 0
+    assert not any(s.rounds for s in spec.lookup_stats[not sampled].values())
     assert sum(r for r, _, _ in report.by_drafter.values()) == report.drafts
     assert sum(k for _, _, k in report.by_drafter.values()) == report.accepted_tokens
     counters = SeatCounters("s", None)
