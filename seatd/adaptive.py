@@ -13,7 +13,8 @@ Two levels:
 - `RoundPolicy` (per round, inside a request): the seat's round times frozen at the
   request's start, and the request's own acceptance (the seat's as a prior).  Prose
   that the drafter predicts badly parks at 0 within a few rounds, in bursts of plain
-  decoding with a probe round between them; code that it predicts well drafts deep.
+  decoding with a probe round between them, each burst twice the last while the probes
+  keep failing (`park_tokens`); code that it predicts well drafts deep.
   The choice reads no clock, so the same request with the same figures takes the same
   path streaming or not.
 """
@@ -26,7 +27,8 @@ from dataclasses import dataclass, field
 MAX_DEPTH = 6
 PRIOR_ACCEPT = 0.6  # a position's acceptance before any round was seen
 PRIOR_WEIGHT = 2.0  # the seat's acceptance counts as this many rounds of the request's
-PARK_TOKENS = 8  # plain tokens between probe rounds while parked at depth 0
+PARK_TOKENS = 8  # plain tokens between probe rounds while parked at depth 0 (at first)
+PARK_DOUBLINGS = 3  # a burst grows to at most PARK_TOKENS * 2**PARK_DOUBLINGS
 ALPHA = 0.1  # weight of a new observation
 PROBE_EVERY = 8  # requests between probes of a neighbouring depth
 WARM_ORDER = (3, 5, 1, 0, 2, 4, 6)  # each depth serves one request before rates decide
@@ -78,6 +80,15 @@ def choose_depth(s: DepthStats) -> int:
     if s.requests % PROBE_EVERY == 0:
         return min(s.max_depth, best + 1) if (s.requests // PROBE_EVERY) % 2 else max(0, best - 1)
     return best
+
+
+def park_tokens(parks: int) -> int:
+    """Plain tokens in a request's next parked burst, after `parks` bursts in a row whose
+    probe round did not bring its policy back to drafting: PARK_TOKENS, doubled each
+    time, up to PARK_DOUBLINGS times.  A probe round is exploration paid for at a failed
+    round's cost; a request whose own rounds keep saying no explores less often, and one
+    that drafts again starts over.  Pure."""
+    return PARK_TOKENS << min(max(parks, 0), PARK_DOUBLINGS)
 
 
 def observe(s: DepthStats, depth: int, kept: int, seconds: float | None) -> None:

@@ -51,7 +51,7 @@ import mlx.core as mx
 import structlog
 
 from seatd import prefill_rows, recurrent
-from seatd.adaptive import PARK_TOKENS, DepthStats, RoundPolicy, observe
+from seatd.adaptive import DepthStats, RoundPolicy, observe, park_tokens
 from seatd.answer import Answer
 from seatd.batch_policy import StepCosts, plan_step
 from seatd.decode import (
@@ -161,6 +161,7 @@ class Row:
     # tokens), judged as the answer goes past it (`Engine._by_lookup`).
     shadow: tuple[int, int, list[int]] | None = None
     park_left: int = 0  # plain tokens left in a parked burst (`seatd.adaptive`)
+    parks: int = 0  # parked bursts in a row whose probe did not bring it back to drafting
     probe: bool = False  # a probe round is due after the burst
     shaper: Shaper | None = None  # None: nothing to shape (`seatd.shaping`)
     top: int | None = None  # log-probabilities asked for, with this many alternatives
@@ -663,8 +664,9 @@ class Engine:
 
     def _wanted(self, row: Row) -> tuple[int, float]:
         """(depth, expected tokens) of this row's next round as its own policy sees it;
-        depth 0: a plain token.  A parked row takes PARK_TOKENS plain tokens, then a
-        probe round, as a request alone does (`seatd.decode`).  A row with a lookup
+        depth 0: a plain token.  A parked row takes a burst of plain tokens
+        (`seatd.adaptive.park_tokens`), then a probe round, as a request alone does
+        (`seatd.decode`).  A row with a lookup
         drafter beside its model drafter drafts by lookup in a round where that is
         expected to pay more (`seatd.drafter_choice`), parked or not; `row.by_lookup`
         says which drafted."""
@@ -690,13 +692,17 @@ class Engine:
             row.probe = False
             choice = self._by_lookup(row, policy, lowest, room)
             if choice is not None and row.by_lookup:
+                row.parks = 0 if not lowest else row.parks
                 return choice.depth, choice.expected
             # The model's best depth, as the choice found it where it made one.
             want = (choice.depth if choice is not None
                     else min(spec.depth, policy.best(lowest=lowest)))
             if want == 0:
-                row.park_left, row.probe = PARK_TOKENS - 1, True
+                row.park_left, row.probe = park_tokens(row.parks) - 1, True
+                row.parks += 1
                 return 0, 1.0
+            if not lowest:  # drafting by its own choice, not a probe's
+                row.parks = 0
         depth = max(0, min(want, room))
         if isinstance(spec.drafter, LookupDrafter) and depth:
             # A lookup drafts no further than its match: no match, a plain step (a verify

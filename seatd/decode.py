@@ -44,7 +44,7 @@ import structlog
 from mlx_lm.models import cache as mlx_cache
 
 from seatd import recurrent
-from seatd.adaptive import PARK_TOKENS, DepthStats, RoundPolicy, observe
+from seatd.adaptive import DepthStats, RoundPolicy, observe, park_tokens
 from seatd.answer import Answer
 from seatd.drafters import Drafter, LookupDrafter
 from seatd.sampling import Draws, Keyed, draws_for
@@ -226,12 +226,16 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
     drafter = spec.drafter
     assert drafter is not None
     produced = 0
+    parks = 0  # bursts in a row whose probe did not bring the policy back to drafting
     policy = spec.policy
     while produced < budget:
         wanted = spec.depth if policy is None else min(spec.depth, policy.best())
+        if wanted > 0:
+            parks = 0
         if policy is not None and wanted == 0:
             # Parked: a burst of pipelined plain tokens, then a probe round.
-            n = min(PARK_TOKENS, budget - produced)
+            n = min(park_tokens(parks), budget - produced)
+            parks += 1
             burst = _plain(model, cache, y, params, draws, n, produced, shaper)
             spent = 0.0  # decoding time only, not the consumer's between tokens
             for _ in range(n):

@@ -11,6 +11,7 @@ from seatd.adaptive import (
     choose_depth,
     expected_tokens,
     observe,
+    park_tokens,
     round_times,
 )
 
@@ -22,6 +23,14 @@ def warmed(accept: float, round_s: dict[int, float]) -> DepthStats:
         s.seconds[k] = round_s[k]
     s.requests = 1
     return s
+
+
+@pytest.mark.parametrize(("parks", "tokens"), [(-1, 8), (0, 8), (1, 16), (2, 32), (3, 64),
+                                               (4, 64), (50, 64)])
+def test_parked_bursts_double_while_probes_fail(parks: int, tokens: int) -> None:
+    """A parked request's plain burst doubles after each probe that did not bring it back
+    to drafting, up to 8x the first."""
+    assert park_tokens(parks) == tokens
 
 
 def test_expected_tokens() -> None:

@@ -338,7 +338,7 @@ def test_round_policy_parks_a_useless_drafter_and_drafts_deep_with_a_good_one(
     the same path as sync, so the text is identical."""
     from mlx_lm.models import llama
 
-    from seatd.adaptive import MAX_DEPTH, PARK_TOKENS
+    from seatd.adaptive import MAX_DEPTH, park_tokens
 
     target, drafter, tok, ids = pair
     mx.random.seed(3)
@@ -360,7 +360,11 @@ def test_round_policy_parks_a_useless_drafter_and_drafts_deep_with_a_good_one(
     assert bad.text == bad_stream.text
     if temperature == 0:  # the parked bursts and probes fed the target the right context
         assert greedy_consistent(target, ids[:200], bad.token_ids) == []
-    assert bad.speculation.drafts <= 3 + bad.completion_tokens // PARK_TOKENS
+    bursts, left = 0, bad.completion_tokens  # each burst longer than the last, a probe after
+    while left > 0:
+        left -= park_tokens(bursts) + 1
+        bursts += 1
+    assert bad.speculation.drafts <= 3 + bursts
     assert bad.speculation.accepted_tokens <= 2
     good, good_stream = run(drafter, False), run(drafter, True)
     assert good.text == good_stream.text
