@@ -82,10 +82,6 @@ Emit = Callable[[str, int, str, Sequence[int], Sequence[TokenLogprob]], None]
 # inter-token gaps grow by less than that while a prompt joins.
 PREFILL_SHARE = 0.8
 PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
-# Rounds of one lookup match class (`seatd.drafters.match_key`) after which the seat's
-# figures of it are its prior for a request's first match of that class, instead of
-# the request judging one match first.
-TRUSTED_ROUNDS = 8
 
 
 class RowCancelled(Exception):
@@ -669,7 +665,9 @@ class Engine:
         (`seatd.decode`).  A row with a lookup
         drafter beside its model drafter drafts by lookup in a round where that is
         expected to pay more (`seatd.drafter_choice`), parked or not; `row.by_lookup`
-        says which drafted."""
+        says which drafted.  A lookup drafting alone (its seat's model drafter parked)
+        takes no bursts: each step, the depth its match's class pays best, or a plain
+        token (`_lookup_alone`)."""
         row.by_lookup = False
         spec = row.work.spec
         if not row.speculating or spec is None or spec.drafter is None:
@@ -755,13 +753,12 @@ class Engine:
             deepest = max(p.max_depth for p in spec.lookup_policies.values())
             follow = lookup.find(min(room, deepest))
             policy = spec.lookup_policies.get(lookup.key)
-            seat = (spec.lookup_stats or {}).get(lookup.key)
             if not follow or policy is None:
                 return None
-            # Until the seat has figures of this match class, the request's own text
-            # judges its lookup first: its first match is only judged (see above), and
-            # the lookup drafts after that, by what it showed.
-            trusted = policy.tries[0] or (seat is not None and seat.rounds >= TRUSTED_ROUNDS)
+            # Unless the seat had figures of this match class when the request began, the
+            # request's own text judges its lookup first: its first match is only judged
+            # (see above), and the lookup drafts after that, by what it showed.
+            trusted = policy.tries[0] or lookup.key in spec.lookup_trusted
             choice = (choose(model, spec.depth, policy, len(follow), model_lowest=lowest)
                       if trusted else None)
         except Exception as exc:  # the lookup's fault: this row drafts by its model alone
@@ -786,7 +783,7 @@ class Engine:
         spec = row.work.spec
         if row.shadow is None or spec is None or spec.lookup is None:
             return
-        order, at, follow = row.shadow
+        key, at, follow = row.shadow
         actual = spec.lookup.context[at : at + len(follow)]
         kept = 0
         while kept < len(actual) and actual[kept] == follow[kept]:
@@ -794,10 +791,10 @@ class Engine:
         if kept == len(actual) and len(actual) < len(follow):
             return  # all it has seen held: wait for the rest
         row.shadow = None
-        if order in policies:
-            policies[order].observe(len(follow), kept)
-        if order in stats:
-            observe(stats[order], len(follow), kept, None)
+        if key in policies:
+            policies[key].observe(len(follow), kept)
+        if key in stats:
+            observe(stats[key], len(follow), kept, None)
 
     def _sample(self, logits: mx.array, rows: list[Row],
                 masks: dict[int, mx.array] | None = None) -> mx.array:

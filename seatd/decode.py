@@ -107,12 +107,14 @@ class Speculation:
     # round (`seatd.drafter_choice`; the batch engine's rows only).
     # By the class of how far a lookup's match reaches back (`seatd.drafters.match_key`:
     # its drafts are kept more often the further it is): the seat's lookup figures, and
-    # the request's policies.  A lookup drafting alone (a parked model seat's) uses them
-    # too.
+    # the request's policies.  In the batch engine, a lookup drafting alone (a parked
+    # model seat's) uses them too; a request decoded alone here keeps `stats`/`policy`.
     lookup: LookupDrafter | None = None
     lookup_stats: dict[int, DepthStats] | None = None
     lookup_policies: dict[int, RoundPolicy] | None = None
     costs: SpecCosts | None = None  # the seat's cost model (`seatd.spec_costs`)
+    # match classes whose first match drafts at once (`seatd.speculation.TRUSTED_ROUNDS`)
+    lookup_trusted: frozenset[int] = frozenset()
 
 
 @dataclass

@@ -1,11 +1,12 @@
 """Which drafter drafts a row's next round, and how deep: a pure choice.
 
 A seat whose drafter is a model also gives each adaptive row a lookup drafter
-(`seatd.drafters.LookupDrafter`: what followed the latest earlier occurrence of the
-context's last n-gram; no weights, so a lookup round costs its verify and no drafting).
-Each drafter has its own per-round policy (`seatd.adaptive.RoundPolicy`): its own
-acceptance per position, learnt by the request over the seat's prior, and its own round
-times.  Each round:
+(`seatd.drafters.LookupDrafter`: what followed an earlier occurrence of the context's
+last n-gram, the one matching furthest back; no weights, so a lookup round costs its
+verify and no drafting).  Each drafter has its own per-round policy
+(`seatd.adaptive.RoundPolicy`): its own acceptance per position, learnt by the request
+over the seat's prior, and its own round times (the lookup's by the class of its match,
+`seatd.drafters.match_key`).  Each round:
 
     model option   the model policy's best depth and its expected rate (depth 0: plain)
     lookup option  only when the context's tail occurred before: the lookup policy's

@@ -18,7 +18,7 @@ shaped row whose drafter cannot (`declined:constrained`).
 
 `ModelDrafter` runs a small model sharing the target's tokenizer, with its own
 cache kept in step with the target's.  `LookupDrafter` copies what followed the
-latest earlier occurrence of the context's last n-gram (prompt lookup): no
+best of the latest earlier occurrences of the context's last n-gram (prompt lookup): no
 weights, strong on code edits and copies; its q is one-hot.
 """
 
@@ -169,26 +169,36 @@ class LookupDrafter:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.context: list[int] = []
-        self._starts: dict[tuple[int, ...], list[int]] = {}  # n-gram -> its latest starts
+        # the longest n-grams' latest starts (compared by how far back they match), and
+        # each shorter n-gram's latest start (it cannot match further back than itself)
+        self._starts: dict[tuple[int, ...], list[int]] = {}
+        self._latest: dict[tuple[int, ...], int] = {}
         self.matched = 0  # how many tokens `find`'s last match matched (0: none)
         self.key = 0  # match_key(matched)
 
     def start(self, prompt_ids: Sequence[int]) -> None:
         self.context = []
         self._starts = {}
+        self._latest = {}
         self.extend(prompt_ids)
 
     def extend(self, tokens: Sequence[int]) -> None:
         """Tokens that follow the context (the target's, whoever drafted them)."""
         ctx = self.context
-        starts = self._starts
+        starts, latest, top = self._starts, self._latest, self.max_ngram
         for t in tokens:
             ctx.append(int(t))
             end = len(ctx) - 1  # n-grams ending just before the new token now have a follower
-            for n in range(self.min_ngram, self.max_ngram + 1):
+            for n in range(self.min_ngram, top):
                 if end - n >= 0:
-                    at = starts.setdefault(tuple(ctx[end - n : end]), [])
-                    at.append(end - n)
+                    latest[tuple(ctx[end - n : end])] = end - n
+            if end - top >= 0:
+                gram = tuple(ctx[end - top : end])
+                at = starts.get(gram)
+                if at is None:
+                    starts[gram] = [end - top]
+                else:
+                    at.append(end - top)
                     if len(at) > RECENT_STARTS:
                         del at[0]
 
@@ -200,18 +210,26 @@ class LookupDrafter:
         for n in range(self.max_ngram, self.min_ngram - 1, -1):
             if last <= n:
                 continue
-            at = self._starts.get(tuple(ctx[-n:]))
-            if not at:
-                continue
-            best, matched = at[-1], n
-            if n == self.max_ngram:  # a shorter n-gram cannot match further back
-                for start in reversed(at):
+            gram = tuple(ctx[-n:])
+            if n < self.max_ngram:  # a shorter n-gram cannot match further back
+                found = self._latest.get(gram)
+                if found is None:
+                    continue
+                best, matched = found, n
+            else:
+                at = self._starts.get(gram)
+                if not at:
+                    continue
+                best, matched = at[-1], n
+                for start in reversed(at):  # latest first: a tie keeps the latest
                     m = n
                     while m < MATCH_CAP and start + n - m > 0 \
                             and ctx[start + n - m - 1] == ctx[last - m - 1]:
                         m += 1
                     if m > matched:
                         best, matched = start, m
+                        if m >= MATCH_CAP:  # none can match further
+                            break
             self.matched, self.key = matched, match_key(matched)
             return ctx[best + n : best + n + k]
         self.matched = self.key = 0

@@ -41,6 +41,10 @@ log = structlog.get_logger()
 # better), with figures of their own for each class of how far the match reaches back
 # (`seatd.drafters.match_key`).
 LOOKUP_ORDERS = (2, 3)  # the n-gram lengths a model seat's lookup matches
+# Drafted or judged rounds of one lookup match class after which the seat's figures of it
+# are a request's prior for its first match of that class, instead of the request judging
+# one match first.
+TRUSTED_ROUNDS = 8
 
 
 def kill_switch(seat: SeatConfig) -> bool:
@@ -61,9 +65,9 @@ class SeatSpeculation:
     def __init__(self, config: Config, seat: SeatConfig, target: Any, target_hash: str) -> None:
         self.seat = seat
         self.stats = DepthStats()
-        # a model drafter's rows' lookup rounds, by the length of the n-gram matched
-        # by whether the request samples (temperature > 0: a one-hot draft is kept only
-        # where the target's draw lands on it), then by match class
+        # a model drafter's rows' lookup rounds, by whether the request samples
+        # (temperature > 0: a one-hot draft is kept only where the target's draw lands
+        # on it), then by match class
         self.lookup_stats = {sampled: {n: DepthStats(max_depth=LOOKUP_MAX_DEPTH)
                                        for n in MATCH_KEYS} for sampled in (False, True)}
         self.costs = SpecCosts()  # measured by the engine on rounds of a request alone
@@ -125,6 +129,10 @@ class SeatSpeculation:
         estimate = [self.costs.round(k, lookup=True) for k in range(LOOKUP_MAX_DEPTH + 1)]
         figures = self.lookup_stats[request.params.temperature > 0]
         policies = {n: lookup_policy(policy.seconds, s, estimate) for n, s in figures.items()}
+        # Classes the seat has drafted or judged enough rounds of: a request's first match
+        # of one drafts at the seat's figures (its policy's prior, as of now).
+        trusted = frozenset(n for n, s in figures.items()
+                            if sum(c for d, c in s.seen.items() if d > 0) >= TRUSTED_ROUNDS)
         if depth == 0:
             # The model drafter does not pay on this seat now; prompt lookup of its
             # longest n-grams still may, round by round, by its match's class (a plain
@@ -133,9 +141,9 @@ class SeatSpeculation:
             return Speculation(LookupDrafter(max_ngram=n, min_ngram=n), LOOKUP_MAX_DEPTH,
                                figures[n], policy=policies[n],
                                lookup_stats=figures, lookup_policies=policies,
-                               costs=self.costs)
+                               costs=self.costs, lookup_trusted=trusted)
         # Each round may draft by lookup instead of the model (`seatd.drafter_choice`).
         return Speculation(ModelDrafter(self.drafter_model), depth, self.stats, policy=policy,
                            lookup=LookupDrafter(max(LOOKUP_ORDERS), min(LOOKUP_ORDERS)),
                            lookup_stats=figures, lookup_policies=policies,
-                           costs=self.costs)
+                           costs=self.costs, lookup_trusted=trusted)

@@ -163,3 +163,24 @@ def test_a_seat_whose_model_drafter_does_not_pay_still_drafts_by_lookup(target: 
     assert pinned is not None and isinstance(pinned.drafter, ModelDrafter)
     assert pinned.lookup is None
 
+
+
+def test_a_match_class_is_trusted_once_the_seat_drafted_or_judged_enough_of_it(
+        target: Any) -> None:
+    """A request's first match of a class drafts at once only where the seat had drafted
+    or judged TRUSTED_ROUNDS rounds of that class when the request began: plain steps
+    counted in the same figures do not count, nor do the other band's rounds."""
+    from seatd.speculation import TRUSTED_ROUNDS
+
+    spec = seat(target, 0.7)
+    greedy = SamplingParams(max_tokens=8, temperature=0)
+    figures = spec.lookup_stats[False]
+    figures[16].seen = {0: 100, 7: TRUSTED_ROUNDS}
+    figures[8].seen = {0: 100, 5: TRUSTED_ROUNDS - 1}
+    figures[3].seen = {0: 100}
+    spec.lookup_stats[True][4].seen = {3: TRUSTED_ROUNDS}
+    plan = spec.plan(Generate("p", False, greedy), "fp16")
+    assert plan is not None and plan.lookup_trusted == frozenset({16})
+    sampled = spec.plan(Generate("q", False, SamplingParams(max_tokens=8, temperature=0.5)),
+                        "fp16")
+    assert sampled is not None and sampled.lookup_trusted == frozenset({4})
