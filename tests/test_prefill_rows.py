@@ -13,8 +13,8 @@ import pytest
 from seatd import prefill_rows
 from seatd.decode import make_cache
 from seatd.prefill_rows import PrefillCost, fit_cost, stack, stackable, take
+from tests.lanes import logits_close
 
-TOL = 2e-3
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [20, 21, 22, 23, 24, 25, 26],
            [30, 31, 32, 33, 34, 35, 36, 37]]
 
@@ -25,10 +25,6 @@ def _alone(model: Any, kv: str, prompt: list[int]) -> mx.array:
     model(mx.array([prompt[:-1]]), cache=cache)
     out: mx.array = model(mx.array([prompt[-1:]]), cache=cache)[0, -1]
     return out
-
-
-def _close(a: mx.array, b: mx.array) -> bool:
-    return float(mx.abs(a - b).max().item()) < TOL
 
 
 def test_rows_prefilled_together_answer_as_alone(lane: tuple[Any, str]) -> None:
@@ -52,7 +48,7 @@ def test_rows_prefilled_together_answer_as_alone(lane: tuple[Any, str]) -> None:
     for prompt, cache in zip(PROMPTS, [row0, row1, row2], strict=True):
         want = _alone(model, kv, prompt)
         got = model(mx.array([prompt[-1:]]), cache=cache)[0, -1]
-        assert _close(got, want), prompt
+        assert logits_close(got, want, kv), prompt
         assert int(mx.argmax(got).item()) == int(mx.argmax(want).item())
 
 

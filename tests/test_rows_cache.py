@@ -13,9 +13,9 @@ from mlx_lm.models import cache as mlx_cache
 from seatd import recurrent
 from seatd.decode import make_cache
 from seatd.rows_cache import RowsCache
+from tests.lanes import logits_close
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22], [30, 31, 32, 33, 34, 35]]
-TOL = 2e-3
 
 
 class Alone:
@@ -55,10 +55,6 @@ def _step(batch: RowsCache, model: Any, blocks: list[list[int]]) -> mx.array:
     return logits
 
 
-def _close(a: mx.array, b: mx.array) -> bool:
-    return float(mx.abs(a - b).max().item()) < TOL
-
-
 def test_rows_decode_as_if_alone(lane: tuple[Any, str]) -> None:
     model, kv = lane
     alone = [Alone(model, kv, p) for p in PROMPTS]
@@ -72,7 +68,7 @@ def test_rows_decode_as_if_alone(lane: tuple[Any, str]) -> None:
             ys.append(PROMPTS[2][-1])
         logits = _step(batch, model, [[y] for y in ys])
         for b, y in enumerate(ys):
-            assert _close(logits[b, 0], alone[b].feed([y])[0]), (step, b)
+            assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), (step, b)
         ys = [int(t) for t in mx.argmax(logits[:, 0], axis=-1).tolist()]
 
     # A verify step: rows feed 3, 1 and 2 tokens and keep 2, 1 and 1 of them.
@@ -80,7 +76,7 @@ def test_rows_decode_as_if_alone(lane: tuple[Any, str]) -> None:
     logits = _step(batch, model, blocks)
     for b, block in enumerate(blocks):
         own = alone[b].feed(block)
-        assert _close(logits[b, : len(block)], own), b
+        assert logits_close(logits[b, : len(block)], own, kv), b
     keeps = [2, 1, 1]
     batch.roll_back(keeps, 3)
     for b, (block, keep) in enumerate(zip(blocks, keeps, strict=True)):
@@ -89,7 +85,7 @@ def test_rows_decode_as_if_alone(lane: tuple[Any, str]) -> None:
     for _ in range(2):
         logits = _step(batch, model, [[y] for y in ys])
         for b, y in enumerate(ys):
-            assert _close(logits[b, 0], alone[b].feed([y])[0]), b
+            assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), b
         ys = [int(t) for t in mx.argmax(logits[:, 0], axis=-1).tolist()]
 
     # The middle row leaves; the holes are squeezed out; the others go on unchanged.
@@ -100,7 +96,7 @@ def test_rows_decode_as_if_alone(lane: tuple[Any, str]) -> None:
     assert batch.holes() == 0
     logits = _step(batch, model, [[y] for y in ys])
     for b, y in enumerate(ys):
-        assert _close(logits[b, 0], alone[b].feed([y])[0]), b
+        assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), b
     assert batch.layout.pos.tolist() == [_position(a.cache) for a in alone]
 
 
@@ -120,7 +116,7 @@ def test_rolled_back_columns_are_invisible(lane: tuple[Any, str]) -> None:
     _step(clean, model, [[ys[0]], [ys[1]]])
     a = _step(batch, model, [[3], [4]])
     b = _step(clean, model, [[3], [4]])
-    assert _close(a[:, 0], b[:, 0])
+    assert logits_close(a[:, 0], b[:, 0], kv)
     assert batch.layout.pos.tolist() == clean.layout.pos.tolist() == [10, 4]
     # Some rows rejected everything, some nothing: both get their own state back.
     assert batch.rows == 2 and batch.nbytes > 0
