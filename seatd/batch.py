@@ -689,18 +689,17 @@ class Engine:
             lowest = 1 if row.probe else 0
             row.probe = False
             choice = self._by_lookup(row, policy, lowest, room)
-            if choice is not None and row.by_lookup:
-                row.parks = 0 if not lowest else row.parks
-                return choice.depth, choice.expected
             # The model's best depth, as the choice found it where it made one.
             want = (choice.depth if choice is not None
                     else min(spec.depth, policy.best(lowest=lowest)))
+            if not lowest and (row.by_lookup or want > 0):  # drafting by its own choice
+                row.parks = 0
+            if choice is not None and row.by_lookup:
+                return choice.depth, choice.expected
             if want == 0:
                 row.park_left, row.probe = park_tokens(row.parks) - 1, True
                 row.parks += 1
                 return 0, 1.0
-            if not lowest:  # drafting by its own choice, not a probe's
-                row.parks = 0
         depth = max(0, min(want, room))
         if isinstance(spec.drafter, LookupDrafter) and depth:
             # A lookup drafts no further than its match: no match, a plain step (a verify
