@@ -55,12 +55,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     # A TERM unwinds like Ctrl-C, so every server this run started is stopped.
     signal.signal(signal.SIGTERM, _interrupt)
     d = Options()
-    # --clients: concurrency levels (batching); the proxy comparison takes the last one.
+    # --clients: concurrency levels (batching); the proxy and hop comparisons take the last.
     levels = tuple(int(c) for c in args.clients.split(",") if c) if args.clients else ()
     opts = Options(model=args.model, drafter=args.drafter, rounds=args.rounds or d.rounds,
                    warmup=args.warmup, tokens=args.tokens or d.tokens, seed=args.seed,
                    temperature=args.temperature, requests=args.requests,
                    clients=levels[-1] if levels else d.clients, seconds=args.seconds,
+                   hop_clients=levels[-1] if levels else d.hop_clients,
                    flip_tokens=args.flip_tokens,
                    batch_clients=levels or d.batch_clients,
                    batch_rounds=args.rounds or d.batch_rounds,
@@ -157,7 +158,8 @@ def add_bench(sub: Any) -> None:
     run.add_argument("--clients", default=None,
                      help="batching: comma-separated concurrency levels (default "
                      f"{','.join(map(str, d.batch_clients))}); proxy overhead: concurrent "
-                     f"clients for requests/s (the last level; default {d.clients})")
+                     f"clients for requests/s (the last level; default {d.clients}; "
+                     f"hop {d.hop_clients})")
     run.add_argument("--seconds", type=float, default=d.seconds,
                      help="proxy overhead: seconds per requests/s slot")
     run.add_argument("--flip-tokens", type=int, default=d.flip_tokens,

@@ -62,6 +62,8 @@ class Options:
     requests: int = 200
     clients: int = 8
     seconds: float = 3.0
+    # the proxy hop: concurrent clients for requests/s (its goal is set at 16)
+    hop_clients: int = 16
     # float flips: new tokens per answer (long answers: a flip can happen anywhere)
     flip_tokens: int = 256
     # concurrent clients (batching): its own defaults, so that a default run stays near

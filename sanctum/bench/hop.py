@@ -176,7 +176,7 @@ def _cpu_s(pid: int) -> float:
 def client(url: str, model: str, mode: str, opts: Options) -> dict[str, float]:
     argv = [sys.executable, "-m", "sanctum.bench.hop_client", url, model, mode,
             "--requests", str(opts.requests), "--tokens", str(STREAM_TOKENS),
-            "--clients", str(opts.clients), "--seconds", f"{opts.seconds:g}"]
+            "--clients", str(opts.hop_clients), "--seconds", f"{opts.seconds:g}"]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         raise RuntimeError(f"hop client failed: {out.stderr[-500:]}")
@@ -218,7 +218,7 @@ def hop(opts: Options) -> Run:
                      "chat"),
             Workload("stream", f"{opts.requests} pairs of streamed chat requests, "
                      f"{STREAM_TOKENS} chunks and one chunk", "chat"),
-            Workload("throughput", f"{opts.clients} concurrent clients for {opts.seconds:g} s, "
+            Workload("throughput", f"{opts.hop_clients} concurrent clients for {opts.seconds:g} s, "
                      "one-token requests", "chat"),
         ]
         notes = ["Every process (client, upstream, nginx, proxyd, null seat) shares the "
