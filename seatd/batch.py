@@ -39,6 +39,7 @@ theirs (`request_ids`); what the worker's callbacks for a row write as it is adm
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -53,7 +54,7 @@ import structlog
 from seatd import prefill_rows, recurrent
 from seatd.adaptive import DepthStats, RoundPolicy, observe, park_tokens
 from seatd.answer import Answer
-from seatd.batch_policy import StepCosts, plan_step
+from seatd.batch_policy import StepCosts, paced, plan_step
 from seatd.decode import (
     PREFILL_CHUNK,
     DecodeResult,
@@ -115,6 +116,7 @@ class Work:
     # continued answer's prefix (`seatd.grammar.SeatGrammar.for_request`); the engine
     # feeds it every token the answer takes.
     grammar: Matcher | None = None
+    arrived: int = 0  # when it reached the engine (`Engine.submit`), in `Engine.order`
 
 
 @contextmanager
@@ -164,6 +166,7 @@ class Row:
     feed_lp: tuple[mx.array, ...] | None = None  # `logprob_arrays` of an unread feed
     lps: list[TokenLogprob] = field(default_factory=list)  # of answer.ids[start:]
     lp_sent: int = 0  # lps[:lp_sent] went out with their ids
+    began: int = 0  # when it began decoding, in `Engine.order` (`batch_policy.paced`)
 
     @property
     def grammar(self) -> Matcher | None:
@@ -228,10 +231,15 @@ class Engine:
         self.batch_sizes: dict[int, int] = {}  # steps seen at each batch size
         self.kv_bytes = 0  # the batch's KV now, refreshed after every step
         self.prefill_cost = PrefillCost()
+        # Requests reaching the engine and rows beginning to decode, in one order (any
+        # thread: next() on a count holds the GIL): which rows were already decoding
+        # when a request arrived (`batch_policy.paced`).
+        self.order = itertools.count(1)
 
     # -- the worker's side (any thread) -----------------------------------------
 
     def submit(self, work: Work) -> None:
+        work.arrived = next(self.order)
         with self.lock:
             self.inbox.append(work)
         self.wake.set()
@@ -419,14 +427,18 @@ class Engine:
 
     # -- prefill ----------------------------------------------------------------
 
-    def _prefill_time(self) -> float | None:
+    def _prefill_time(self, group: Group | None = None) -> float | None:
         """The time one prefill step may take beside decoding rows: PREFILL_SHARE of
         their steps' time, so their inter-token gaps grow by less than that, or more where
         more rows wait to join than decode (rows per row: a row waiting has no token at
         all yet, and prompts arriving together would otherwise join one by one at a
-        crawl); None with no row decoding (whole chunks, as a request alone prefills)."""
+        crawl); None with no row decoding, or none that was decoding when the group's
+        rows arrived (`batch_policy.paced`): whole chunks, as a request alone prefills."""
         decoding = [lane for lane in self.lanes.values() if lane.rows]
         if not decoding:
+            return None
+        if group is not None and not paced(max(r.work.arrived for r in group.rows),
+                                           [r.began for lane in decoding for r in lane.rows]):
             return None
         waiting = len(self.joining) / sum(len(lane.rows) for lane in decoding)
         return max(PREFILL_SHARE, waiting) * sum(lane.step_s or 0.0 for lane in decoding)
@@ -435,8 +447,8 @@ class Engine:
         """Prompt tokens each row of this group may take in this step."""
         if group.alone and (group.rows[0].solo or not self._decoding()):
             return PREFILL_CHUNK  # a request alone, or a solo row whoever else decodes
-        seconds = self._prefill_time()
-        if seconds is None:  # nobody waits: a chunk's worth of tokens in all
+        seconds = self._prefill_time(group)
+        if seconds is None:  # nobody keeps a pace: a chunk's worth of tokens in all
             return max(PREFILL_FLOOR, PREFILL_CHUNK // len(group.rows))
         per_row = self.prefill_cost.tokens_within(seconds, group.done, len(group.rows),
                                                   PREFILL_FLOOR)
@@ -572,6 +584,7 @@ class Engine:
         lane.cache.join(cache, len(work.prompt) - 1)
         row.feed = mx.array([work.prompt[-1]], dtype=mx.uint32)
         row.unread = False
+        row.began = next(self.order)
         lane.rows.append(row)
 
     # -- decode -----------------------------------------------------------------

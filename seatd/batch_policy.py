@@ -4,6 +4,7 @@ Pure, with the seat's measured step times passed in (`StepCosts`, moving average
 by batch size and tokens per row, drafting included in a verify step's time):
 
     plan_step(wants, batch, costs) -> depth per row (all 0: a plain step)
+    paced(arrived, began)          whether a joining group keeps to the decoding rows' pace
 
 `wants[b]` is (depth, expected tokens) of row b's next round as its own request's
 policy sees it (`seatd.adaptive`): depth 0 means the row would decode plainly anyway.
@@ -74,3 +75,15 @@ def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts) 
     if costs.plain_since_probe.get(size_class(batch), 0) >= PROBE_EVERY:
         return depths
     return [0] * len(wants)
+
+
+def paced(arrived: int, began: Sequence[int]) -> bool:
+    """Whether a joining group's prefill must keep to the decoding rows' pace: some row
+    was already decoding when the group's latest request reached the engine (`arrived`,
+    `began`: numbers in the engine's one order of arrivals and beginnings).  Requests
+    that reached it before any of the decoding rows began are one cohort: no client of
+    theirs has a pace of its own yet, so the rest of the cohort prefills in whole chunks
+    (as a server that prefills every waiting prompt before decoding does) and the batch
+    fills at once, instead of each prompt crawling in beside rows that then finish
+    alone.  Counts, never a clock."""
+    return any(b < arrived for b in began)

@@ -257,6 +257,61 @@ def test_joining_rows_share_prefill_forwards(pair: tuple[Any, Any, Any],
         assert got.text == want.text, i
 
 
+def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompts that arrived together are one cohort: once the shortest decodes, the
+    others still prefill in whole chunks (no row had a pace of its own when they
+    arrived), so the batch fills at once.  A prompt arriving while those rows decode
+    keeps to their pace, in pieces well under a chunk.  Every answer is its own alone."""
+    from seatd import batch
+    from seatd.decode import PREFILL_CHUNK
+
+    model, tok, _ = pair
+    pieces: list[tuple[str, int, int, bool]] = []  # (rows, done, tokens, rows decoding)
+    real = batch.Engine._chunk
+
+    def watched(self: Engine, group: Any) -> int:
+        n = real(self, group)
+        pieces.append((",".join(r.rid for r in group.rows), group.done, n, self._decoding()))
+        return n
+
+    monkeypatch.setattr(batch.Engine, "_chunk", watched)
+    text = open(batch.__file__).read()
+    prompts = {"short": tok.encode(text[:400]), "long": tok.encode(text[2000:6000]),
+               "late": tok.encode(text[8000:12000])}
+    budgets = {"short": 64, "long": 64, "late": 8}
+    engine = Engine(model, tok, 4096, output_width(model), 8, KVBudget(1 << 30))
+    results: dict[str, DecodeResult | None] = {}
+
+    def submit(rid: str) -> None:
+        params = SamplingParams(max_tokens=budgets[rid], temperature=0)
+        engine.submit(Work(Generate(rid, False, params, prompt="-"), prompts[rid], "fp16",
+                           lambda *_: None, lambda: False,
+                           lambda w, r, e: results.__setitem__(w.request.request_id, r)))
+
+    submit("short")
+    submit("long")
+    while not any(r.rid == "long" for lane in engine.lanes.values() for r in lane.rows):
+        engine.step()
+    submit("late")
+    while len(results) < 3:
+        engine.step()
+    n_long = len(prompts["long"]) - 1
+    cohort = [(done, n) for rows, done, n, decoding in pieces if rows == "long" and decoding]
+    assert cohort, "the short row decoded while the long one prefilled"
+    for done, n in cohort:  # whole chunks, on the chunk grid, as if nobody decoded
+        assert n == min(PREFILL_CHUNK - done % PREFILL_CHUNK, n_long - done), (done, n)
+    late = [n for rows, _, n, decoding in pieces if rows == "late" and decoding]
+    assert late and max(late) < PREFILL_CHUNK // 2, late
+    for rid, prompt in prompts.items():
+        got = results[rid]
+        assert got is not None
+        want = decode(model, tok, prompt, SamplingParams(max_tokens=budgets[rid],
+                                                         temperature=0),
+                      kv="fp16", context_length=4096)
+        assert got.text == want.text, rid
+
+
 @pytest.mark.parametrize("params", [
     SamplingParams(max_tokens=24, temperature=0.9, seed=11),
     SamplingParams(max_tokens=24, temperature=0),

@@ -1,10 +1,11 @@
-"""Whether a batch step speculates: a verify step must beat a plain one at this size."""
+"""Whether a batch step speculates, and whether a joining prompt keeps to the decoding
+rows' pace."""
 
 from __future__ import annotations
 
 import pytest
 
-from seatd.batch_policy import PROBE_EVERY, StepCosts, plan_step, size_class
+from seatd.batch_policy import PROBE_EVERY, StepCosts, paced, plan_step, size_class
 
 
 @pytest.mark.parametrize(("batch", "cls"), [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8),
@@ -63,3 +64,15 @@ def test_step_times_are_moving_averages_by_class() -> None:
     c.observe(4, 1, 0.20)  # same class as 3
     assert c.time(3, 1) == pytest.approx(0.12)
     assert c.time(2, 1) is None
+
+
+@pytest.mark.parametrize(("arrived", "began", "expected", "why"), [
+    (3, [], False, "nobody decodes"),
+    (3, [5, 7], False, "every decoding row began after the group arrived: one cohort"),
+    (3, [1], True, "a row was decoding when the group arrived"),
+    (3, [5, 1], True, "one row of the batch was already decoding"),
+    (4, [4], False, "one number is one event: it is not before itself"),
+    (9, [2, 5, 8], True, "a group that arrived after all of them began"),
+])
+def test_paced(arrived: int, began: list[int], expected: bool, why: str) -> None:
+    assert paced(arrived, began) is expected, why
