@@ -71,7 +71,7 @@ def test_step_times_are_moving_averages_by_class() -> None:
     (3, [5, 7], False, "every decoding row began after the group arrived: one cohort"),
     (3, [1], True, "a row was decoding when the group arrived"),
     (3, [5, 1], True, "one row of the batch was already decoding"),
-    (4, [4], False, "one number is one event: it is not before itself"),
+    (5, [4], True, "a row that began just before the group arrived"),
     (9, [2, 5, 8], True, "a group that arrived after all of them began"),
 ])
 def test_paced(arrived: int, began: list[int], expected: bool, why: str) -> None:
