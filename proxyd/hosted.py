@@ -22,7 +22,8 @@ which are tried again):
     connect_failed        refused, no route, DNS                            next rung
     connect_timeout, first_token_timeout, stall_timeout, deadline          next rung
     stream_cut            closed before its finish_reason                   next rung
-    malformed_stream      an event that is not a valid JSON chunk           next rung
+    malformed_stream      an event that is not a valid JSON chunk, or       next rung
+                          bytes that are not an HTTP/1.x response
     upstream_error        an error event inside the stream                  next rung
     (after text was sent, "next rung" means the next rung continues the answer)
     upstream_401/403/404  the rung's key, model name or URL is wrong        next rung
@@ -79,7 +80,6 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import msgspec
 import structlog
 
@@ -87,6 +87,15 @@ from proxyd import hosted_wire as wire
 from proxyd import sse
 from proxyd.ladder import UNSUPPORTED, unsupported
 from proxyd.retry import GiveUp, RetryIn, RetryPolicy, next_try, parse_retry_after
+from proxyd.upstream_http import (
+    ConnectFailed,
+    ConnectTimeout,
+    Disconnected,
+    Malformed,
+    Response,
+    Upstream,
+    UpstreamError,
+)
 from shared.config import SeatConfig
 from shared.errors import CONTEXT_LENGTH
 from shared.protocol import (
@@ -115,8 +124,12 @@ _CONTEXT_HINTS = ("context_length", "context length", "maximum context", "exceed
 # After the finish reason, how long to wait for usage or [DONE] before finalizing.
 TAIL_S = 1.0
 MESSAGE_MAX = 500
-# The longest SSE line an upstream may send (the client session reads 1 MiB at a time).
+# The longest SSE line an upstream may send.
 LINE_MAX = 1 << 20
+# The most of a whole JSON answer (an upstream that ignored `stream`) and of an error
+# body that is read; past it, the answer is malformed and the error's message cut.
+WHOLE_MAX = 16 << 20
+ERROR_MAX = 64 << 10
 # A connection closed before any byte of the response is a transient reset when it
 # comes at once (a stale pooled connection, a restarting server), and a silent
 # upstream when it came after this long (or half the first-token budget, if less):
@@ -148,7 +161,7 @@ class HostedClient:
                                   seat.backoff_max_s, seat.retry_after_max_s)
         self._key = os.environ.get(seat.api_key_env, "") if seat.api_key_env else ""
         self._rand = rand
-        self._session: aiohttp.ClientSession | None = None
+        self._upstream = Upstream(self.base_url, self._headers(), seat.connect_timeout_s)
 
     @property
     def ready(self) -> bool:
@@ -166,16 +179,8 @@ class HostedClient:
             text = text.replace(self._key, "[redacted]")
         return text[:MESSAGE_MAX]
 
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.seat.connect_timeout_s),
-                read_bufsize=1 << 20)
-        return self._session
-
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._upstream.close()
 
     # -- one request: tries until an answer, a give-up, or the deadline ---------
 
@@ -257,9 +262,8 @@ class HostedClient:
 
         try:
             async with asyncio.timeout_at(first_by):
-                resp = await self.session().post(self.base_url + path, data=payload,
-                                                 headers=self._headers())
-        except aiohttp.ConnectionTimeoutError:
+                resp = await self._upstream.post(path, payload)
+        except ConnectTimeout:
             yield TryEnd(Failed("connect_timeout",
                                  f"no connection within {self.seat.connect_timeout_s:g}s"))
             return
@@ -267,20 +271,21 @@ class HostedClient:
             yield TryEnd(Failed(late("first_token_timeout", first_by),
                                  f"no response headers within {first_token_s:g}s"))
             return
-        except aiohttp.ClientConnectorError as exc:
-            yield TryEnd(Failed("connect_failed", self.scrub(str(exc.os_error or exc))))
+        except ConnectFailed as exc:
+            yield TryEnd(Failed("connect_failed", self.scrub(str(exc))))
             return
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+        except Disconnected as exc:
             waited = loop.time() - sent_at
-            said = self.scrub(f"{type(exc).__name__}: {exc}")
+            said = self.scrub(str(exc))
             if waited >= min(SILENT_CLOSE_S, first_token_s / 2):
                 yield TryEnd(Failed("silent_close",
                                     f"closed without a byte after {waited:.3g}s ({said})"))
             else:
                 yield TryEnd(Failed("connection_reset", said))
             return
-        except aiohttp.ClientError as exc:
-            yield TryEnd(Failed("connect_failed", self.scrub(f"{type(exc).__name__}: {exc}")))
+        except Malformed as exc:
+            yield TryEnd(Failed("malformed_stream",
+                                 self.scrub(f"not an HTTP response: {exc}")))
             return
         clean = False
         try:
@@ -295,7 +300,7 @@ class HostedClient:
                 return
             async for item in self._stream(rid, resp, read, first_by, stall_s, deadline):
                 yield item
-            clean = resp.content.at_eof()
+            clean = resp.at_eof
         finally:
             # A stream left half-read must not go back to the pool.
             if clean:
@@ -303,7 +308,7 @@ class HostedClient:
             else:
                 resp.close()
 
-    async def _stream(self, rid: str, resp: aiohttp.ClientResponse, read: Reading,
+    async def _stream(self, rid: str, resp: Response, read: Reading,
                       first_by: float, stall_s: float,
                       deadline: float) -> AsyncGenerator[Chunk | TryEnd, None]:
         """The upstream's events, read as they arrive: whatever one read brings (often
@@ -331,7 +336,7 @@ class HostedClient:
                 until, reason = min(now + stall_s, deadline), "stall_timeout"
             try:
                 async with asyncio.timeout_at(until):
-                    data = await resp.content.readany()
+                    data = await resp.read_some()
             except TimeoutError:
                 if finish is not None:
                     break  # complete; the upstream just never closed
@@ -340,10 +345,11 @@ class HostedClient:
                 waited = until - now
                 yield TryEnd(Failed(reason, f"upstream silent for {waited:.3g}s"))
                 return
-            except (aiohttp.ClientError, ConnectionError) as exc:
+            except UpstreamError as exc:
                 if finish is not None:
                     break
-                yield TryEnd(Failed("stream_cut", self.scrub(f"{type(exc).__name__}: {exc}")))
+                reason = "malformed_stream" if isinstance(exc, Malformed) else "stream_cut"
+                yield TryEnd(Failed(reason, self.scrub(str(exc))))
                 return
             at_end = not data
             *lines, partial = (partial + data).split(b"\n")
@@ -415,19 +421,19 @@ class HostedClient:
         yield TryEnd(Ok(), finish_reason=finish, usage=usage, model=model,
                      fingerprint=fingerprint)
 
-    async def _whole(self, rid: str, resp: aiohttp.ClientResponse, read: Reading,
+    async def _whole(self, rid: str, resp: Response, read: Reading,
                      first_by: float) -> AsyncIterator[Chunk | TryEnd]:
         """An upstream that ignored `stream: true` and sent one JSON body: its text,
         its message's tool calls and its log-probabilities, in one Chunk."""
         chat = read.chat
         try:
             async with asyncio.timeout_at(first_by):
-                text = await resp.text()
+                text = (await resp.read_all(WHOLE_MAX)).decode("utf-8", "replace")
         except TimeoutError:
             yield TryEnd(Failed("first_token_timeout", "the JSON body did not arrive in time"))
             return
-        except aiohttp.ClientError as exc:
-            yield TryEnd(Failed("stream_cut", self.scrub(f"{type(exc).__name__}: {exc}")))
+        except UpstreamError as exc:
+            yield TryEnd(Failed("stream_cut", self.scrub(str(exc))))
             return
         try:
             got = sse.piece(sse.Event(text), chat)
@@ -447,14 +453,13 @@ class HostedClient:
         yield TryEnd(Ok(), finish_reason=got.finish_reason, usage=usage, model=got.model or "",
                       fingerprint=got.fingerprint or "")
 
-    async def _error_end(self, resp: aiohttp.ClientResponse, first_by: float) -> TryEnd:
+    async def _error_end(self, resp: Response, first_by: float) -> TryEnd:
         status = resp.status
-        retry_after = parse_retry_after({k.lower(): v for k, v in resp.headers.items()},
-                                        time.time())
+        retry_after = parse_retry_after(resp.headers, time.time())
         try:
             async with asyncio.timeout_at(max(first_by, asyncio.get_running_loop().time() + 1)):
-                raw = await resp.text()
-        except (TimeoutError, aiohttp.ClientError, UnicodeDecodeError):
+                raw = (await resp.read_all(ERROR_MAX)).decode("utf-8", "replace")
+        except (TimeoutError, UpstreamError):
             raw = ""
         code, message = _error_fields(raw)
         message = self.scrub(message or resp.reason or f"HTTP {status}")

@@ -199,7 +199,7 @@ def arm(url: str, model: str, pid: int | None, opts: Options) -> Measure:
 DESCRIPTIONS = {
     "direct": "lean client -> fake OpenAI upstream (one HTTP hop on loopback)",
     "nginx": "lean client -> nginx (proxy_pass, keep-alive, proxy_buffering off) -> upstream",
-    "proxyd-hosted": "lean client -> proxyd -> hosted seat (aiohttp client) -> upstream",
+    "proxyd-hosted": "lean client -> proxyd -> hosted seat (proxyd/upstream_http.py) -> upstream",
     "proxyd-null": "lean client -> proxyd -> null local seat over ZeroMQ",
 }
 

@@ -1,0 +1,329 @@
+"""Keep-alive HTTP/1.1 connections to one upstream: the wire of a hosted rung.
+
+    pool = Upstream(base_url, headers, connect_timeout_s)
+    resp = await pool.post(path, body)        returns once the response's head arrived
+    resp.status, resp.reason, resp.headers, resp.content_type
+    await resp.read_some() -> bytes           what has arrived; b"" at the body's end
+    await resp.read_all(limit) -> bytes       the body, at most `limit` bytes of it
+    resp.at_eof                               the body was read to its end
+    resp.release()                            back to the pool when whole and reusable
+    resp.close()                              never reused
+    await pool.close()
+
+The caller's timeouts bound each await (`asyncio.timeout_at` around `post` and
+each read), as a hosted rung's first-token and stall clocks do; the connect has
+its own, `connect_timeout_s`.  Errors, as proxyd/hosted.py turns them into a
+try's outcome:
+
+    UpstreamError
+    ├── ConnectTimeout      no connection (TCP, and TLS for https) in connect_timeout_s
+    ├── ConnectFailed       refused, no route, DNS, the TLS handshake or certificate
+    ├── Disconnected        closed or reset before the head (nothing was answered),
+    │                       or inside a body that promised more (a cut)
+    └── Malformed           bytes that are not an HTTP/1.x response
+
+Why not aiohttp's client, which hosted rungs used before: measured on loopback
+against the fake upstream (sanctum/bench/fake_openai.py), 16 concurrent one-token
+streamed requests, its `ClientSession.post` plus reading the body cost about 150 us
+of CPU per request, this client about 30 us, and proxyd's whole hosted hop about
+630 us.  A rung needs little of what aiohttp's client is for: one host, a POST with
+a JSON body, a response read as it arrives; no cookies, redirects, proxies from the
+environment, compression asked for, or multipart.  The response's framing is read
+by proxyd/http1.py, a pure parser with table tests.  aiohttp still serves the
+front doors.
+
+A pooled connection that the upstream closed while idle is noticed when its close
+arrives (it leaves the pool) or, in a race, as a `Disconnected` before the head,
+which the rung's retry policy tries again (`connection_reset`).  Connections idle
+for longer than `idle_s` are closed rather than reused.  Reading pauses while more
+than `BUFFER_HIGH` bytes of a body wait unread, so a fast upstream cannot fill
+proxyd's memory ahead of a slow client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from typing import cast
+from urllib.parse import urlsplit
+
+from proxyd import http1
+
+BUFFER_HIGH = 1 << 20
+IDLE_S = 15.0
+IDLE_MAX = 64  # connections kept open between requests
+
+
+class UpstreamError(Exception):
+    """The upstream's connection failed to carry a response."""
+
+
+class ConnectTimeout(UpstreamError):
+    pass
+
+
+class ConnectFailed(UpstreamError):
+    pass
+
+
+class Disconnected(UpstreamError):
+    pass
+
+
+class Malformed(UpstreamError):
+    pass
+
+
+_tls_context: ssl.SSLContext | None = None
+
+
+def tls_context() -> ssl.SSLContext:
+    """The system's trusted roots, loaded once (loading them costs tens of ms)."""
+    global _tls_context
+    if _tls_context is None:
+        _tls_context = ssl.create_default_context()
+    return _tls_context
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self, pool: Upstream) -> None:
+        self.pool = pool
+        self.transport: asyncio.Transport | None = None
+        self.response: Response | None = None
+        self.lost = False
+        self.idle_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.response is None:
+            self.close()  # bytes nobody asked for: the connection is out of step
+            return
+        self.response._received(data)
+
+    def eof_received(self) -> bool | None:
+        if self.response is not None:
+            self.response._closed(None)
+        return None  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.pool._forget(self)
+        if self.response is not None:
+            self.response._closed(exc)
+
+    def close(self) -> None:
+        self.lost = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Response:
+    def __init__(self, conn: _Conn) -> None:
+        self._conn = conn
+        self._parser = http1.ResponseParser()
+        self._error: UpstreamError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._settled = False
+
+    @property
+    def head(self) -> http1.Head:
+        head = self._parser.head
+        assert head is not None, "read only after post() returned"
+        return head
+
+    @property
+    def status(self) -> int:
+        return self.head.status
+
+    @property
+    def reason(self) -> str:
+        return self.head.reason
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.head.headers
+
+    @property
+    def content_type(self) -> str:
+        return self.head.content_type
+
+    @property
+    def at_eof(self) -> bool:
+        return self._parser.done and not self._parser.buffered
+
+    async def read_some(self) -> bytes:
+        parser = self._parser
+        while not parser.buffered and not parser.done:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        data = parser.take()
+        if self._paused and self._conn.transport is not None:
+            self._paused = False
+            self._conn.transport.resume_reading()
+        return data
+
+    async def read_all(self, limit: int) -> bytes:
+        """The body, cut at `limit` bytes (the connection is then not reused)."""
+        got = bytearray()
+        while len(got) <= limit:
+            data = await self.read_some()
+            if not data:
+                return bytes(got)
+            got += data
+        self.close()
+        return bytes(got[:limit])
+
+    def release(self) -> None:
+        """Done with this response: its connection goes back to the pool if the whole
+        response was read and the upstream keeps it alive, else it is closed."""
+        if self._settled:
+            return
+        self._settled = True
+        conn = self._conn
+        conn.response = None
+        if self._parser.reusable and self._error is None and not conn.lost:
+            if self._paused and conn.transport is not None:
+                conn.transport.resume_reading()
+            conn.pool._put(conn)
+        else:
+            conn.close()
+
+    def close(self) -> None:
+        self._settled = True
+        self._conn.response = None
+        self._conn.close()
+
+    # -- fed by the connection ------------------------------------------------
+
+    async def _head(self) -> None:
+        while self._parser.head is None:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _received(self, data: bytes) -> None:
+        try:
+            self._parser.feed(data)
+        except http1.BadResponse as exc:
+            self._error = Malformed(str(exc))
+            self._conn.close()
+        else:
+            transport = self._conn.transport
+            if self._parser.buffered > BUFFER_HIGH and not self._paused and transport:
+                self._paused = True
+                transport.pause_reading()
+        self._wake()
+
+    def _closed(self, exc: Exception | None) -> None:
+        if self._error is None:
+            try:
+                self._parser.end()
+            except http1.Cut as cut:
+                why = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+                self._error = Disconnected(f"{cut}{why}")
+            except http1.BadResponse as bad:
+                self._error = Malformed(str(bad))
+        self._wake()
+
+
+class Upstream:
+    def __init__(self, base_url: str, headers: Mapping[str, str], connect_timeout_s: float,
+                 idle_s: float = IDLE_S, clock: Callable[[], float] = time.monotonic) -> None:
+        url = urlsplit(base_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"not an http(s) URL: {base_url!r}")
+        for name, value in headers.items():
+            if any(c in f"{name}{value}" for c in "\r\n\0"):
+                raise ValueError(f"header {name!r}: a line break or NUL in its value")
+        self.tls = url.scheme == "https"
+        self.host = url.hostname
+        default = 443 if self.tls else 80
+        self.port = url.port or default
+        bracketed = f"[{self.host}]" if ":" in self.host else self.host
+        authority = bracketed if self.port == default else f"{bracketed}:{self.port}"
+        self._prefix = url.path.rstrip("/")
+        self._query = f"?{url.query}" if url.query else ""
+        self._fields = "".join(f"{k}: {v}\r\n" for k, v in
+                               {"Host": authority, "User-Agent": "sanctum", **headers}.items())
+        self.connect_timeout_s = connect_timeout_s
+        self.idle_s = idle_s
+        self._clock = clock
+        self._idle: list[_Conn] = []
+        self._open: set[_Conn] = set()
+
+    async def post(self, path: str, body: bytes) -> Response:
+        conn = self._take() or await self._connect()
+        resp = Response(conn)
+        conn.response = resp
+        head = (f"POST {self._prefix}{path}{self._query} HTTP/1.1\r\n{self._fields}"
+                f"Content-Length: {len(body)}\r\n\r\n")
+        try:
+            assert conn.transport is not None
+            conn.transport.write(head.encode("latin-1") + body)
+            await resp._head()
+        except BaseException:
+            resp.close()
+            raise
+        return resp
+
+    async def close(self) -> None:
+        for conn in list(self._open):
+            conn.close()
+        self._idle.clear()
+
+    # -- the pool -------------------------------------------------------------
+
+    def _take(self) -> _Conn | None:
+        now = self._clock()
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.lost and now - conn.idle_since <= self.idle_s:
+                return conn
+            conn.close()
+        return None
+
+    def _put(self, conn: _Conn) -> None:
+        if len(self._idle) >= IDLE_MAX:
+            conn.close()
+            return
+        conn.idle_since = self._clock()
+        self._idle.append(conn)
+
+    def _forget(self, conn: _Conn) -> None:
+        self._open.discard(conn)
+        if conn in self._idle:
+            self._idle.remove(conn)
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: _Conn(self), self.host, self.port,
+                    ssl=tls_context() if self.tls else None,
+                    server_hostname=self.host if self.tls else None)
+        except TimeoutError:
+            raise ConnectTimeout(f"no connection to {self.host}:{self.port} within "
+                                 f"{self.connect_timeout_s:g}s") from None
+        except OSError as exc:
+            raise ConnectFailed(f"{self.host}:{self.port}: {exc}") from exc
+        self._open.add(conn)
+        return conn

@@ -1,0 +1,230 @@
+"""proxyd/upstream_http.py against a real server on loopback that answers scripted bytes.
+
+Each test runs on uvloop (proxyd's loop) and on asyncio's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from proxyd.upstream_http import (
+    BUFFER_HIGH,
+    ConnectFailed,
+    Disconnected,
+    Malformed,
+    Upstream,
+)
+from shared.loops import new_event_loop
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+Answer = Callable[[int, bytes, asyncio.StreamWriter], Awaitable[bool]]
+
+
+class Server:
+    """Reads each request whole (head and Content-Length body), then `answer(n, request,
+    writer)` writes what the test scripts; False from it closes the connection."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.closed_by_client = 0
+        self.writers: list[asyncio.StreamWriter] = []
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Server:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for w in self.writers:
+            w.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.append(writer)
+        try:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    self.closed_by_client += 1
+                    return
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                request = head + await reader.readexactly(length)
+                self.requests.append(request)
+                if not await self.answer(len(self.requests), request, writer):
+                    writer.close()
+                    return
+        except ConnectionError:
+            return
+
+
+def both_loops(test: Callable[[], Awaitable[None]]) -> Callable[[str], None]:
+    @pytest.mark.parametrize("loop_kind", ["uvloop", "asyncio"])
+    def run(loop_kind: str) -> None:
+        loop = new_event_loop() if loop_kind == "uvloop" else asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(asyncio.wait_for(test(), 30))
+        finally:
+            loop.close()
+    run.__doc__ = test.__doc__
+    return run
+
+
+async def until(fact: Callable[[], bool]) -> None:
+    while not fact():
+        await asyncio.sleep(0.005)
+
+
+async def ok(n: int, request: bytes, w: asyncio.StreamWriter) -> bool:
+    w.write(OK)
+    return True
+
+
+@both_loops
+async def test_keep_alive_reuses_one_connection_and_sends_the_request_whole() -> None:
+    """Three requests, one connection; the request names the host, the base path and the
+    pool's headers, and carries its body."""
+    async with Server(ok) as server:
+        up = Upstream(f"http://127.0.0.1:{server.port}/v1?api-version=1",
+                      {"Authorization": "Bearer k"}, 1.0)
+        for i in range(3):
+            resp = await up.post("/chat/completions", b'{"i": %d}' % i)
+            assert resp.status == 200 and await resp.read_some() == b"ok"
+            assert await resp.read_some() == b"" and resp.at_eof
+            resp.release()
+        assert server.connections == 1
+        first = server.requests[0]
+        assert first.startswith(b"POST /v1/chat/completions?api-version=1 HTTP/1.1\r\n")
+        assert f"Host: 127.0.0.1:{server.port}\r\n".encode() in first
+        assert b"Authorization: Bearer k\r\n" in first and first.endswith(b'{"i": 0}')
+        await up.close()
+        await until(lambda: server.closed_by_client == 1)
+
+
+@both_loops
+async def test_a_response_that_closes_or_is_left_unread_is_not_reused() -> None:
+    """`Connection: close`, and a body released before its end, each cost a connection."""
+    async def answer(n: int, request: bytes, w: asyncio.StreamWriter) -> bool:
+        if n == 1:
+            w.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
+            return False
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n")
+        return True  # the last chunk never comes
+    async with Server(answer) as server:
+        up = Upstream(f"http://127.0.0.1:{server.port}", {}, 1.0)
+        for _ in range(3):
+            resp = await up.post("/x", b"")
+            await resp.read_some()
+            resp.release()
+        assert server.connections == 3
+        await up.close()
+
+
+@both_loops
+async def test_a_reset_before_the_head_and_a_cut_body_are_disconnects() -> None:
+    """A reset before any byte fails the post; a close inside a promised body fails the
+    read after the bytes that did arrive."""
+    async def answer(n: int, request: bytes, w: asyncio.StreamWriter) -> bool:
+        if n == 1:
+            sock = w.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return False  # closed with linger 0: a reset
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        return False
+    async with Server(answer) as server:
+        up = Upstream(f"http://127.0.0.1:{server.port}", {}, 1.0)
+        with pytest.raises(Disconnected):
+            await up.post("/x", b"")
+        resp = await up.post("/x", b"")
+        got = b""
+        with pytest.raises(Disconnected, match="before the end"):
+            while True:
+                got += await resp.read_some()
+        assert got == b"partial" and not resp.at_eof
+        resp.release()
+        await up.close()
+
+
+@both_loops
+async def test_a_refused_port_fails_to_connect_and_garbage_is_malformed() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    up = Upstream(f"http://127.0.0.1:{port}", {}, 1.0)
+    with pytest.raises(ConnectFailed, match=str(port)):
+        await up.post("/x", b"")
+
+    async def answer(n: int, request: bytes, w: asyncio.StreamWriter) -> bool:
+        w.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+        return True
+    async with Server(answer) as server:
+        up = Upstream(f"http://127.0.0.1:{server.port}", {}, 1.0)
+        with pytest.raises(Malformed):
+            await up.post("/x", b"")
+        await until(lambda: server.closed_by_client == 1)  # never reused
+
+
+@both_loops
+async def test_an_idle_connection_expires_and_stray_bytes_end_one() -> None:
+    """On the pool's clock, a connection idle past `idle_s` is closed, not reused; bytes
+    an upstream sends between requests put a connection out of step: it is dropped."""
+    now = [0.0]
+
+    async def answer(n: int, request: bytes, w: asyncio.StreamWriter) -> bool:
+        w.write(OK + (b"HTTP/1.1 200 OK\r\n" if n == 3 else b""))
+        return True
+    async with Server(answer) as server:
+        up = Upstream(f"http://127.0.0.1:{server.port}", {}, 1.0, idle_s=10.0,
+                      clock=lambda: now[0])
+        for step in (0.0, 9.0, 11.0, 0.0):
+            now[0] += step
+            resp = await up.post("/x", b"")
+            assert await resp.read_all(100) == b"ok"
+            resp.release()
+        # 1 connection for the first two requests, a new one after 11 s idle; the third
+        # answer's stray bytes closed that one, so the fourth request opened a third.
+        assert server.connections == 3
+        await up.close()
+
+
+@both_loops
+async def test_a_large_body_pauses_reading_until_it_is_read() -> None:
+    """32 MiB sent at once: past BUFFER_HIGH unread bytes the connection stops reading,
+    and every byte arrives in order once read."""
+    size = 32 << 20
+    body = bytes(range(256)) * (size // 256)
+
+    async def answer(n: int, request: bytes, w: asyncio.StreamWriter) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % size + body)
+        return True
+    async with Server(answer) as server:
+        up = Upstream(f"http://127.0.0.1:{server.port}", {}, 1.0)
+        resp = await up.post("/x", b"")
+        await until(lambda: resp._parser.buffered > BUFFER_HIGH)
+        transport = resp._conn.transport
+        assert transport is not None and not transport.is_reading()
+        got = bytearray()
+        while data := await resp.read_some():
+            got += data
+        assert got == body and resp.at_eof
+        resp.release()
+        await up.close()
+
+
+def test_a_header_with_a_line_break_is_refused() -> None:
+    with pytest.raises(ValueError, match="line break"):
+        Upstream("http://127.0.0.1:1", {"Authorization": "Bearer k\r\nX-Evil: 1"}, 1.0)
+    with pytest.raises(ValueError, match="http"):
+        Upstream("ftp://example.com", {}, 1.0)
