@@ -159,7 +159,8 @@ class HostedClient:
         self.served = 0
         self.policy = RetryPolicy(seat.max_attempts, seat.backoff_initial_s,
                                   seat.backoff_max_s, seat.retry_after_max_s)
-        self._key = os.environ.get(seat.api_key_env, "") if seat.api_key_env else ""
+        # A key pasted with its line's end (a .env file written on Windows) still works.
+        self._key = os.environ.get(seat.api_key_env, "").strip() if seat.api_key_env else ""
         self._rand = rand
         self._upstream = Upstream(self.base_url, self._headers(), seat.connect_timeout_s)
 

@@ -246,7 +246,9 @@ class Response:
 
 class Upstream:
     def __init__(self, base_url: str, headers: Mapping[str, str], connect_timeout_s: float,
-                 idle_s: float = IDLE_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 idle_s: float = IDLE_S, clock: Callable[[], float] = time.monotonic,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: the context for an https URL (default: the system's trusted roots)."""
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
@@ -254,6 +256,7 @@ class Upstream:
             if any(c in f"{name}{value}" for c in "\r\n\0"):
                 raise ValueError(f"header {name!r}: a line break or NUL in its value")
         self.tls = url.scheme == "https"
+        self._tls_context = tls
         self.host = url.hostname
         default = 443 if self.tls else 80
         self.port = url.port or default
@@ -318,7 +321,7 @@ class Upstream:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, conn = await loop.create_connection(
                     lambda: _Conn(self), self.host, self.port,
-                    ssl=tls_context() if self.tls else None,
+                    ssl=(self._tls_context or tls_context()) if self.tls else None,
                     server_hostname=self.host if self.tls else None)
         except TimeoutError:
             raise ConnectTimeout(f"no connection to {self.host}:{self.port} within "

@@ -24,6 +24,7 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -261,6 +262,10 @@ def _check(config: Config) -> None:
         else:
             if not seat.base_url:
                 raise ConfigError(f"{where}.base_url: a hosted seat needs base_url")
+            url = urlsplit(seat.base_url)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ConfigError(f"{where}.base_url: an http:// or https:// URL with a host, "
+                                  f"not {seat.base_url!r}")
             if seat.model is not None or seat.drafter is not None:
                 raise ConfigError(f"{where}.model: a hosted seat uses upstream_model")
             for key in ("endpoint", "curve_cert", "curve_clients"):

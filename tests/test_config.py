@@ -72,6 +72,11 @@ def test_good_config_decodes_with_defaults() -> None:
         (("[proxy]", "[proxy]\nmax_stop_chars = 1025"), "$.proxy.max_stop_chars"),
         (("[proxy]", "[proxy]\nmax_completion_tokens = 2147483648"),
          "$.proxy.max_completion_tokens"),
+        # a hosted seat's URL is read at start-up, not at its first request
+        (('base_url = "https://example.invalid/v1"', 'base_url = "example.invalid/v1"'),
+         "seat[1] (hosted).base_url"),
+        (('base_url = "https://example.invalid/v1"', 'base_url = "ftp://example.invalid"'),
+         "seat[1] (hosted).base_url"),
     ],
 )
 def test_bad_config_names_the_key(edit: tuple[str, str], needle: str) -> None:

@@ -6,9 +6,13 @@ Each test runs on uvloop (proxyd's loop) and on asyncio's own.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
+import ssl
 import struct
+import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -29,8 +33,9 @@ class Server:
     """Reads each request whole (head and Content-Length body), then `answer(n, request,
     writer)` writes what the test scripts; False from it closes the connection."""
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, tls: ssl.SSLContext | None = None) -> None:
         self.answer = answer
+        self.tls = tls
         self.requests: list[bytes] = []
         self.connections = 0
         self.closed_by_client = 0
@@ -39,7 +44,7 @@ class Server:
         self._server: asyncio.Server | None = None
 
     async def __aenter__(self) -> Server:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=self.tls)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -228,3 +233,44 @@ def test_a_header_with_a_line_break_is_refused() -> None:
         Upstream("http://127.0.0.1:1", {"Authorization": "Bearer k\r\nX-Evil: 1"}, 1.0)
     with pytest.raises(ValueError, match="http"):
         Upstream("ftp://example.com", {}, 1.0)
+
+
+def self_signed(where: Path) -> tuple[Path, Path]:
+    """A certificate for localhost and its key, made by the openssl command."""
+    cert, key = where / "cert.pem", where / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert), "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+@pytest.mark.parametrize("loop_kind", ["uvloop", "asyncio"])
+def test_https_verifies_the_certificate_and_keeps_the_connection(loop_kind: str,
+                                                                 tmp_path: Path) -> None:
+    """Over TLS: a certificate the client trusts answers, twice on one connection; with the
+    system's roots, the same self-signed certificate is refused at connect."""
+    cert, key = self_signed(tmp_path)
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    trusting = ssl.create_default_context(cafile=str(cert))
+
+    async def main() -> None:
+        async with Server(ok, tls=served) as server:
+            up = Upstream(f"https://localhost:{server.port}/v1", {}, 5.0, tls=trusting)
+            for _ in range(2):
+                resp = await up.post("/chat/completions", b"{}")
+                assert resp.status == 200 and await resp.read_all(100) == b"ok"
+                resp.release()
+            assert server.connections == 1
+            assert f"Host: localhost:{server.port}\r\n".encode() in server.requests[0]
+            await up.close()
+            strict = Upstream(f"https://localhost:{server.port}/v1", {}, 5.0)
+            with pytest.raises(ConnectFailed, match="certificate"):
+                await strict.post("/chat/completions", b"{}")
+    loop = new_event_loop() if loop_kind == "uvloop" else asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(asyncio.wait_for(main(), 30))
+    finally:
+        loop.close()
