@@ -300,10 +300,13 @@ class HostedClient:
                 clean = True
                 return
             async for item in self._stream(rid, resp, read, first_by, stall_s, deadline):
+                if isinstance(item, TryEnd):
+                    # An answer read to its finish: what is left of the stream ([DONE],
+                    # the last chunk) may still come, and the connection be reused.
+                    clean = isinstance(item.outcome, Ok)
                 yield item
-            clean = resp.at_eof
         finally:
-            # A stream left half-read must not go back to the pool.
+            # A stream left half-read, or one that failed, never goes back to the pool.
             if clean:
                 resp.release()
             else:
@@ -434,7 +437,8 @@ class HostedClient:
             yield TryEnd(Failed("first_token_timeout", "the JSON body did not arrive in time"))
             return
         except UpstreamError as exc:
-            yield TryEnd(Failed("stream_cut", self.scrub(str(exc))))
+            reason = "malformed_stream" if isinstance(exc, Malformed) else "stream_cut"
+            yield TryEnd(Failed(reason, self.scrub(str(exc))))
             return
         try:
             got = sse.piece(sse.Event(text), chat)

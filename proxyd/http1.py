@@ -18,11 +18,13 @@ the socket (proxyd/upstream_http.py) feeds it and reads from it.
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
 
 HEAD_MAX = 64 * 1024  # status line and headers together
 CHUNK_LINE_MAX = 4096  # a chunk-size line, extensions included
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 class BadResponse(ValueError):
@@ -50,7 +52,8 @@ def parse_head(raw: bytes) -> Head:
     lines = raw.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
     code, _, reason = rest.partition(" ")
-    if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+    if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isascii() \
+            or not code.isdigit():
         raise BadResponse(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
@@ -81,6 +84,7 @@ class ResponseParser:
         self._chunk = _SIZE
         self._extra = False  # bytes arrived past the end of the response
         self._inflate: zlib._Decompress | None = None
+        self._compressed = False  # a compressed byte arrived
 
     @property
     def reusable(self) -> bool:
@@ -143,10 +147,12 @@ class ResponseParser:
                 raise BadResponse(f"a response head over {HEAD_MAX} bytes")
             head = parse_head(bytes(self._raw[:at]))
             del self._raw[:at + 4]
+            if head.status == 101:
+                raise BadResponse("a switch of protocols nobody asked for")
             if 100 <= head.status < 200:
                 continue  # an interim response: the final one follows
+            self._frame(head)  # raises before the head is taken for an answer
             self.head = head
-            self._frame(head)
 
     def _frame(self, head: Head) -> None:
         encoding = head.headers.get("content-encoding", "identity").strip().lower()
@@ -159,7 +165,7 @@ class ResponseParser:
         if head.status in (204, 304):
             self._finish()
         elif transfer:
-            if transfer.rsplit(",", 1)[-1].strip() != "chunked":
+            if transfer != "chunked":
                 raise BadResponse(f"a transfer-encoding this client cannot read: {transfer}")
             self._framing = _CHUNKED
         elif length is not None:
@@ -172,45 +178,49 @@ class ResponseParser:
             self._framing = _CLOSE
 
     def _read_chunks(self) -> None:
+        # Parsed from an offset, the bytes consumed cut off once at the end: a response
+        # of many small chunks costs no copy of the rest per chunk.
         raw = self._raw
-        while not self.done:
-            if self._chunk == _DATA:
-                if not raw:
+        pos = 0
+        try:
+            while not self.done:
+                if self._chunk == _DATA:
+                    if pos == len(raw):
+                        return
+                    take = min(self._left, len(raw) - pos)
+                    self._add(bytes(raw[pos:pos + take]))
+                    pos += take
+                    self._left -= take
+                    if self._left:
+                        return
+                    self._chunk = _DATA_END
+                    continue
+                at = raw.find(b"\r\n", pos)
+                if at < 0:
+                    if len(raw) - pos > CHUNK_LINE_MAX:
+                        raise BadResponse(f"a chunk line over {CHUNK_LINE_MAX} bytes")
                     return
-                body = raw[:self._left]
-                del raw[:len(body)]
-                self._left -= len(body)
-                self._add(bytes(body))
-                if self._left:
-                    return
-                self._chunk = _DATA_END
-                continue
-            at = raw.find(b"\r\n")
-            if at < 0:
-                if len(raw) > CHUNK_LINE_MAX:
-                    raise BadResponse(f"a chunk line over {CHUNK_LINE_MAX} bytes")
-                return
-            line = bytes(raw[:at])
-            del raw[:at + 2]
-            if self._chunk == _DATA_END:
-                if line:
-                    raise BadResponse("a chunk longer than its size")
-                self._chunk = _SIZE
-            elif self._chunk == _SIZE:
-                size = line.split(b";", 1)[0].strip()
-                try:
+                line = bytes(raw[pos:at])
+                pos = at + 2
+                if self._chunk == _DATA_END:
+                    if line:
+                        raise BadResponse("a chunk longer than its size")
+                    self._chunk = _SIZE
+                elif self._chunk == _SIZE:
+                    size = line.split(b";", 1)[0].strip()
+                    if not _HEX.fullmatch(size):
+                        raise BadResponse(f"a bad chunk size: {line[:40]!r}")
                     self._left = int(size, 16)
-                except ValueError:
-                    raise BadResponse(f"a bad chunk size: {line[:40]!r}") from None
-                if self._left < 0:
-                    raise BadResponse(f"a bad chunk size: {line[:40]!r}")
-                self._chunk = _DATA if self._left else _TRAILER
-            elif not line:  # _TRAILER: a blank line ends the trailer fields
-                self._finish()
-                self._extra = bool(raw)
+                    self._chunk = _DATA if self._left else _TRAILER
+                elif not line:  # _TRAILER: a blank line ends the trailer fields
+                    self._finish()
+                    self._extra = pos < len(raw)
+        finally:
+            del raw[:pos]
 
     def _add(self, data: bytes) -> None:
         if self._inflate is not None and data:
+            self._compressed = True
             try:
                 data = self._inflate.decompress(data)
             except zlib.error as exc:
@@ -223,4 +233,6 @@ class ResponseParser:
                 self._body += self._inflate.flush()
             except zlib.error as exc:
                 raise BadResponse(f"a body that does not decompress: {exc}") from None
+            if self._compressed and not self._inflate.eof:
+                raise BadResponse("a compressed body cut short")
         self.done = True

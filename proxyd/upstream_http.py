@@ -47,13 +47,18 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from typing import cast
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from proxyd import http1
 
 BUFFER_HIGH = 1 << 20
 IDLE_S = 15.0
 IDLE_MAX = 64  # connections kept open between requests
+# A response released before its end (a stream read up to its finish reason and usage,
+# whose last chunk is still on its way) may finish arriving: this much more, this soon,
+# and its connection goes back to the pool; else it is closed.
+DRAIN_BYTES = 64 << 10
+DRAIN_S = 2.0
 
 
 class UpstreamError(Exception):
@@ -105,6 +110,7 @@ class _Conn(asyncio.Protocol):
         self.response._received(data)
 
     def eof_received(self) -> bool | None:
+        self.lost = True  # closing: never handed out again, even before connection_lost
         if self.response is not None:
             self.response._closed(None)
         return None  # the transport closes itself
@@ -120,6 +126,10 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    @property
+    def usable(self) -> bool:
+        return not self.lost and self.transport is not None and not self.transport.is_closing()
+
 
 class Response:
     def __init__(self, conn: _Conn) -> None:
@@ -129,6 +139,8 @@ class Response:
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
         self._settled = False
+        self._drain: asyncio.TimerHandle | None = None  # released before its end
+        self._drained = 0
 
     @property
     def head(self) -> http1.Head:
@@ -180,24 +192,42 @@ class Response:
         return bytes(got[:limit])
 
     def release(self) -> None:
-        """Done with this response: its connection goes back to the pool if the whole
-        response was read and the upstream keeps it alive, else it is closed."""
+        """Done with this response: its connection goes back to the pool once the whole
+        response has arrived (now, or within DRAIN_BYTES and DRAIN_S) and the upstream
+        keeps it alive; else it is closed."""
         if self._settled:
             return
         self._settled = True
+        parser, conn = self._parser, self._conn
+        if self._paused and conn.transport is not None:
+            self._paused = False
+            conn.transport.resume_reading()
+        if self._error is not None or not conn.usable or parser.head is None \
+                or not parser.head.keep_alive:
+            self._let_go(False)
+        elif parser.done:
+            self._let_go(parser.reusable)
+        else:
+            parser.take()
+            self._drain = asyncio.get_running_loop().call_later(
+                DRAIN_S, self._let_go, False)
+
+    def close(self) -> None:
+        if not self._settled:
+            self._settled = True
+            self._let_go(False)
+
+    def _let_go(self, reuse: bool) -> None:
+        if self._drain is not None:
+            self._drain.cancel()
+            self._drain = None
         conn = self._conn
-        conn.response = None
-        if self._parser.reusable and self._error is None and not conn.lost:
-            if self._paused and conn.transport is not None:
-                conn.transport.resume_reading()
+        if conn.response is self:
+            conn.response = None
+        if reuse and conn.usable:
             conn.pool._put(conn)
         else:
             conn.close()
-
-    def close(self) -> None:
-        self._settled = True
-        self._conn.response = None
-        self._conn.close()
 
     # -- fed by the connection ------------------------------------------------
 
@@ -222,10 +252,18 @@ class Response:
     def _received(self, data: bytes) -> None:
         try:
             self._parser.feed(data)
-        except http1.BadResponse as exc:
+        except ValueError as exc:  # http1.BadResponse, and whatever else it could not read
             self._error = Malformed(str(exc))
-            self._conn.close()
+            if self._drain is not None:
+                self._let_go(False)
+            else:
+                self._conn.close()
         else:
+            if self._drain is not None:  # released: the rest is read only to reuse the line
+                self._drained += len(self._parser.take())
+                if self._parser.done or self._drained > DRAIN_BYTES:
+                    self._let_go(self._parser.reusable)
+                return
             transport = self._conn.transport
             if self._parser.buffered > BUFFER_HIGH and not self._paused and transport:
                 self._paused = True
@@ -233,6 +271,9 @@ class Response:
         self._wake()
 
     def _closed(self, exc: Exception | None) -> None:
+        if self._drain is not None:
+            self._let_go(False)
+            return
         if self._error is None:
             try:
                 self._parser.end()
@@ -260,12 +301,18 @@ class Upstream:
         self.host = url.hostname
         default = 443 if self.tls else 80
         self.port = url.port or default
-        bracketed = f"[{self.host}]" if ":" in self.host else self.host
+        try:  # a name of other scripts goes out as its ASCII (punycode) form
+            ascii_host = self.host.encode("idna").decode("ascii")
+        except UnicodeError:
+            raise ValueError(f"not a host name: {self.host!r}") from None
+        bracketed = f"[{ascii_host}]" if ":" in ascii_host else ascii_host
         authority = bracketed if self.port == default else f"{bracketed}:{self.port}"
-        self._prefix = url.path.rstrip("/")
-        self._query = f"?{url.query}" if url.query else ""
-        self._fields = "".join(f"{k}: {v}\r\n" for k, v in
-                               {"Host": authority, "User-Agent": "sanctum", **headers}.items())
+        self._prefix = quote(url.path.rstrip("/"), safe="/%:@!$&'()*+,;=~")
+        self._query = f"?{quote(url.query, safe='=&%+/:,;@!$()*~')}" if url.query else ""
+        fields = {"Host": authority, "User-Agent": "sanctum", **headers}
+        if not all(f"{k}{v}".isascii() for k, v in fields.items()):
+            raise ValueError("a header that is not ASCII (the API key?)")
+        self._fields = "".join(f"{k}: {v}\r\n" for k, v in fields.items())
         self.connect_timeout_s = connect_timeout_s
         self.idle_s = idle_s
         self._clock = clock
@@ -279,8 +326,12 @@ class Upstream:
         head = (f"POST {self._prefix}{path}{self._query} HTTP/1.1\r\n{self._fields}"
                 f"Content-Length: {len(body)}\r\n\r\n")
         try:
-            assert conn.transport is not None
-            conn.transport.write(head.encode("latin-1") + body)
+            if not conn.usable or conn.transport is None:
+                raise Disconnected("the connection closed before the request went out")
+            try:
+                conn.transport.write(head.encode("ascii") + body)
+            except (RuntimeError, OSError) as exc:  # uvloop: a transport already closed
+                raise Disconnected(f"the request could not be sent: {exc}") from exc
             await resp._head()
         except BaseException:
             resp.close()
@@ -298,16 +349,20 @@ class Upstream:
         now = self._clock()
         while self._idle:
             conn = self._idle.pop()
-            if not conn.lost and now - conn.idle_since <= self.idle_s:
+            if conn.usable and now - conn.idle_since <= self.idle_s:
                 return conn
             conn.close()
         return None
 
     def _put(self, conn: _Conn) -> None:
+        now = self._clock()
+        # The newest is handed out first: the oldest, left from a burst, expire here.
+        while self._idle and now - self._idle[0].idle_since > self.idle_s:
+            self._idle.pop(0).close()
         if len(self._idle) >= IDLE_MAX:
             conn.close()
             return
-        conn.idle_since = self._clock()
+        conn.idle_since = now
         self._idle.append(conn)
 
     def _forget(self, conn: _Conn) -> None:
@@ -326,7 +381,7 @@ class Upstream:
         except TimeoutError:
             raise ConnectTimeout(f"no connection to {self.host}:{self.port} within "
                                  f"{self.connect_timeout_s:g}s") from None
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a name IDNA cannot encode
             raise ConnectFailed(f"{self.host}:{self.port}: {exc}") from exc
         self._open.add(conn)
         return conn

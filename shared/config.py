@@ -262,8 +262,7 @@ def _check(config: Config) -> None:
         else:
             if not seat.base_url:
                 raise ConfigError(f"{where}.base_url: a hosted seat needs base_url")
-            url = urlsplit(seat.base_url)
-            if url.scheme not in ("http", "https") or not url.hostname:
+            if not _http_url(seat.base_url):
                 raise ConfigError(f"{where}.base_url: an http:// or https:// URL with a host, "
                                   f"not {seat.base_url!r}")
             if seat.model is not None or seat.drafter is not None:
@@ -293,6 +292,17 @@ def _check(config: Config) -> None:
     host, _, port = config.proxy.listen.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"proxy.listen: expected HOST:PORT, got {config.proxy.listen!r}")
+
+
+def _http_url(text: str) -> bool:
+    """An http(s) URL with a host name that can go on the wire (IDNA) and a numeric port."""
+    url = urlsplit(text)
+    try:
+        port_ok = url.port is None or url.port > 0
+        host_ok = bool(url.hostname) and bool((url.hostname or "").encode("idna"))
+    except (UnicodeError, ValueError):
+        return False
+    return url.scheme in ("http", "https") and host_ok and port_ok
 
 
 def _check_endpoint(config: Config, seat: SeatConfig, where: str) -> None:

@@ -77,6 +77,10 @@ def test_good_config_decodes_with_defaults() -> None:
          "seat[1] (hosted).base_url"),
         (('base_url = "https://example.invalid/v1"', 'base_url = "ftp://example.invalid"'),
          "seat[1] (hosted).base_url"),
+        (('base_url = "https://example.invalid/v1"', 'base_url = "http://host:port/v1"'),
+         "seat[1] (hosted).base_url"),
+        (('base_url = "https://example.invalid/v1"', f'base_url = "http://{"a" * 64}.b/v1"'),
+         "seat[1] (hosted).base_url"),
     ],
 )
 def test_bad_config_names_the_key(edit: tuple[str, str], needle: str) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from proxyd import upstream_http
 from proxyd.upstream_http import (
     BUFFER_HIGH,
     ConnectFailed,
@@ -228,11 +229,75 @@ async def test_a_large_body_pauses_reading_until_it_is_read() -> None:
         await up.close()
 
 
-def test_a_header_with_a_line_break_is_refused() -> None:
+def test_a_header_that_cannot_go_on_the_wire_is_refused() -> None:
     with pytest.raises(ValueError, match="line break"):
         Upstream("http://127.0.0.1:1", {"Authorization": "Bearer k\r\nX-Evil: 1"}, 1.0)
+    with pytest.raises(ValueError, match="ASCII"):
+        Upstream("http://127.0.0.1:1", {"Authorization": "Bearer \u201ck\u201d"}, 1.0)
     with pytest.raises(ValueError, match="http"):
         Upstream("ftp://example.com", {}, 1.0)
+
+
+LAST = b"0\r\n\r\n"
+STREAM = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+          b"b\r\ndata: done\n\r\n")
+
+
+@both_loops
+async def test_a_stream_released_before_its_last_chunk_is_reused_once_it_comes() -> None:
+    """An answer read to its finish reason is released before the stream's last chunk;
+    when that chunk comes, the connection serves the next request.  One whose last chunk
+    never comes is closed after DRAIN_S, and the next request opens another."""
+    go = asyncio.Event()
+
+    async def answer(n: int, request: bytes, w: asyncio.StreamWriter) -> bool:
+        w.write(STREAM)
+        if n == 1:
+            await go.wait()
+            w.write(LAST)
+        return True
+    async with Server(answer) as server:
+        up = Upstream(f"http://127.0.0.1:{server.port}", {}, 1.0)
+        resp = await up.post("/x", b"")
+        assert await resp.read_some() == b"data: done\n"
+        resp.release()
+        go.set()
+        await until(lambda: len(up._idle) == 1)
+        resp = await up.post("/x", b"")  # the second answer's last chunk never comes
+        assert server.connections == 1
+        assert await resp.read_some() == b"data: done\n"
+        upstream_http.DRAIN_S, drain = 0.05, upstream_http.DRAIN_S
+        try:
+            resp.release()
+        finally:
+            upstream_http.DRAIN_S = drain
+        await until(lambda: server.closed_by_client == 1)
+        resp = await up.post("/x", b"")
+        assert server.connections == 2
+        resp.close()
+        await up.close()
+
+
+@both_loops
+async def test_a_connection_the_upstream_closes_after_its_answer_is_not_handed_out() -> None:
+    """A keep-alive answer followed by a close: once the close has arrived, the pooled
+    connection is not handed out; the next request opens a new one and is answered.
+    (A close that crosses the next request on the wire is a `Disconnected`, which the
+    rung's retry policy tries again as `connection_reset`.)"""
+    async def answer(n: int, request: bytes, w: asyncio.StreamWriter) -> bool:
+        w.write(OK)
+        await w.drain()
+        return False
+    async with Server(answer) as server:
+        up = Upstream(f"http://127.0.0.1:{server.port}", {}, 1.0)
+        for _ in range(3):
+            resp = await up.post("/x", b"")
+            assert await resp.read_all(10) == b"ok"
+            resp.release()
+            conns = list(up._open)
+            await until(lambda conns=conns: all(not c.usable for c in conns))  # closed
+        assert server.connections == 3
+        await up.close()
 
 
 def self_signed(where: Path) -> tuple[Path, Path]:
