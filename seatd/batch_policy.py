@@ -16,8 +16,14 @@ tokens; a plain step costs `t(B, 1)` and yields B.  Speculation goes ahead only 
 
 An unmeasured verify size is tried (it cannot be judged otherwise), and a size that
 lost is tried again every `PROBE_EVERY` plain steps, since acceptance moves with the
-rows in the batch.  The choice reads measured times, never a seed: which tokens a
-seeded row gets never depends on it (`seatd.sampling`).
+rows in the batch.  The other way round too: a size where speculation wins takes a
+plain step every `PROBE_EVERY` verify steps, so that the plain time it is judged
+against stays current (a first plain step of a class, slow for reasons of its own,
+once kept a batch of 8 on 137 ms where its plain steps took 80).  A time measured
+after `PROBE_EVERY` steps of the other kind replaces the old one instead of moving
+its average: so long after, the old one says little.  The choice reads measured
+times, never a seed: which tokens a seeded row gets never depends on it
+(`seatd.sampling`).
 """
 
 from __future__ import annotations
@@ -40,17 +46,24 @@ def size_class(batch: int) -> int:
 @dataclass
 class StepCosts:
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)
-    plain_since_probe: dict[int, int] = field(default_factory=dict)
+    plain_since_probe: dict[int, int] = field(default_factory=dict)  # since a verify step
+    verify_since_plain: dict[int, int] = field(default_factory=dict)  # since a plain step
 
     def observe(self, batch: int, width: int, seconds: float) -> None:
-        key = (size_class(batch), width)
-        old = self.seconds.get(key)
-        self.seconds[key] = seconds if old is None else (1 - ALPHA) * old + ALPHA * seconds
         c = size_class(batch)
-        if width == 1:
+        key = (c, width)
+        plain = width == 1
+        old = self.seconds.get(key)
+        stale = (self.verify_since_plain if plain else self.plain_since_probe).get(c, 0) \
+            >= PROBE_EVERY
+        self.seconds[key] = seconds if old is None or stale \
+            else (1 - ALPHA) * old + ALPHA * seconds
+        if plain:
             self.plain_since_probe[c] = self.plain_since_probe.get(c, 0) + 1
+            self.verify_since_plain[c] = 0
         else:
             self.plain_since_probe[c] = 0
+            self.verify_since_plain[c] = self.verify_since_plain.get(c, 0) + 1
 
     def time(self, batch: int, width: int) -> float | None:
         return self.seconds.get((size_class(batch), width))
@@ -71,6 +84,8 @@ def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts) 
         return depths  # never measured at this size: try it
     gain = sum(e if d else 1.0 for d, e in wants)
     if gain / verify > batch / plain:
+        if costs.verify_since_plain.get(size_class(batch), 0) >= PROBE_EVERY:
+            return [0] * len(wants)  # the plain time it wins against, measured again
         return depths
     if costs.plain_since_probe.get(size_class(batch), 0) >= PROBE_EVERY:
         return depths

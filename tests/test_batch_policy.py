@@ -58,6 +58,21 @@ def test_a_losing_size_is_probed_again() -> None:
     assert plan_step(wants, 2, c) == [0, 0]  # and back to plain until the next one
 
 
+def test_a_winning_size_measures_its_plain_step_again() -> None:
+    """A plain time measured once, slow for reasons of its own, is not kept for ever: after
+    PROBE_EVERY verify steps a plain step is taken, its time replaces the old one, and
+    the comparison turns."""
+    c = costs(p8=0.137, v8_4=0.2)
+    wants = [(3, 2.0)] * 8  # 16 tokens / 200 ms: beats 8 / 137 ms, loses to 8 / 80 ms
+    for _ in range(PROBE_EVERY):
+        assert plan_step(wants, 8, c) == [3] * 8
+        c.observe(8, 4, 0.2)
+    assert plan_step(wants, 8, c) == [0] * 8  # the plain probe
+    c.observe(8, 1, 0.08)
+    assert c.time(8, 1) == pytest.approx(0.08)  # replaced, not averaged with 137 ms
+    assert plan_step(wants, 8, c) == [0] * 8
+
+
 def test_step_times_are_moving_averages_by_class() -> None:
     c = StepCosts()
     c.observe(3, 1, 0.10)
