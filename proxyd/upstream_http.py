@@ -43,6 +43,7 @@ proxyd's memory ahead of a slow client.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 import time
 from collections.abc import Callable, Mapping
@@ -81,15 +82,10 @@ class Malformed(UpstreamError):
     pass
 
 
-_tls_context: ssl.SSLContext | None = None
-
-
+@functools.cache
 def tls_context() -> ssl.SSLContext:
     """The system's trusted roots, loaded once (loading them costs tens of ms)."""
-    global _tls_context
-    if _tls_context is None:
-        _tls_context = ssl.create_default_context()
-    return _tls_context
+    return ssl.create_default_context()
 
 
 class _Conn(asyncio.Protocol):
@@ -175,9 +171,7 @@ class Response:
                 raise self._error
             await self._wait()
         data = parser.take()
-        if self._paused and self._conn.transport is not None:
-            self._paused = False
-            self._conn.transport.resume_reading()
+        self._resume()
         return data
 
     async def read_all(self, limit: int) -> bytes:
@@ -199,9 +193,7 @@ class Response:
             return
         self._settled = True
         parser, conn = self._parser, self._conn
-        if self._paused and conn.transport is not None:
-            self._paused = False
-            conn.transport.resume_reading()
+        self._resume()
         if self._error is not None or not conn.usable or parser.head is None \
                 or not parser.head.keep_alive:
             self._let_go(False)
@@ -216,6 +208,11 @@ class Response:
         if not self._settled:
             self._settled = True
             self._let_go(False)
+
+    def _resume(self) -> None:
+        if self._paused and self._conn.transport is not None:
+            self._paused = False
+            self._conn.transport.resume_reading()
 
     def _let_go(self, reuse: bool) -> None:
         if self._drain is not None:

@@ -298,11 +298,11 @@ def _http_url(text: str) -> bool:
     """An http(s) URL with a host name that can go on the wire (IDNA) and a numeric port."""
     url = urlsplit(text)
     try:
-        port_ok = url.port is None or url.port > 0
-        host_ok = bool(url.hostname) and bool((url.hostname or "").encode("idna"))
+        port = url.port  # raises for a port that is not a number in range
+        (url.hostname or "").encode("idna")
     except (UnicodeError, ValueError):
         return False
-    return url.scheme in ("http", "https") and host_ok and port_ok
+    return url.scheme in ("http", "https") and bool(url.hostname) and port != 0
 
 
 def _check_endpoint(config: Config, seat: SeatConfig, where: str) -> None:
