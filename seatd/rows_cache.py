@@ -112,48 +112,44 @@ class RowsKV:
             self.keys = [f(p) for p in self.keys]
             self.values = [f(p) for p in self.values]
 
-    def add_row(self, layer: Any, length: int, start: int, cap: int, rows: int) -> None:
-        """Append a row whose first `length` tokens sit at columns start .. start+length."""
+    def add_row(self, layer: Any, length: int, shift: int, cap: int, rows: int,
+                used: int) -> None:
+        """One more row, last: the `rows` rows there move `shift` columns right (their
+        first `used` columns are all they hold) and the new row's first `length` tokens
+        end at the new write column, in buffers of `cap` columns.  Each part is written
+        once, into one new buffer: a long row joining short ones copies every row's KV
+        once, not once per pad and once per concatenation."""
         if layer.keys is None:  # a row with no tokens yet: all padding
-            if self.keys is not None and self.values is not None:
-                self.keys = [_with_empty_row(b, cap) for b in self.keys]
-                self.values = [_with_empty_row(b, cap) for b in self.values]
-            return
-        src_k = layer.keys if isinstance(layer.keys, (list, tuple)) else [layer.keys]
-        src_v = layer.values if isinstance(layer.values, (list, tuple)) else [layer.values]
-
-        def place(src: mx.array) -> mx.array:
-            row = mx.zeros((1, src.shape[1], cap, src.shape[3]), src.dtype)
-            row[..., start : start + length, :] = src[..., :length, :]
-            return row
-
-        new_k, new_v = [place(s) for s in src_k], [place(s) for s in src_v]
-        if self.keys is None or self.values is None:
-            if rows:  # rows before this one had no KV yet: theirs is all padding
-                new_k = [_after_empty_rows(p, rows) for p in new_k]
-                new_v = [_after_empty_rows(p, rows) for p in new_v]
-            self.keys, self.values = new_k, new_v
-            return
-        self.keys = [mx.concatenate([_fit(b, cap), r])
-                     for b, r in zip(self.keys, new_k, strict=True)]
-        self.values = [mx.concatenate([_fit(b, cap), r])
-                       for b, r in zip(self.values, new_v, strict=True)]
+            src_k: list[mx.array] | None = None
+            src_v: list[mx.array] | None = None
+        else:
+            src_k = list(layer.keys) if isinstance(layer.keys, (list, tuple)) else [layer.keys]
+            src_v = (list(layer.values) if isinstance(layer.values, (list, tuple))
+                     else [layer.values])
+        idx = used + shift
+        self.keys = _joined(self.keys if rows else None, src_k, rows, shift, used, idx,
+                            length, cap)
+        self.values = _joined(self.values if rows else None, src_v, rows, shift, used, idx,
+                              length, cap)
 
 
-def _with_empty_row(x: mx.array, cap: int) -> mx.array:
-    x = _fit(x, cap)
-    return mx.concatenate([x, mx.zeros((1, *x.shape[1:]), x.dtype)])
-
-
-def _after_empty_rows(x: mx.array, rows: int) -> mx.array:
-    return mx.concatenate([mx.zeros((rows, *x.shape[1:]), x.dtype), x])
-
-
-def _fit(x: mx.array, cap: int) -> mx.array:
-    have = x.shape[2]
-    if have >= cap:
-        return x[..., :cap, :]
-    return mx.concatenate([x, mx.zeros((*x.shape[:2], cap - have, x.shape[3]), x.dtype)], axis=2)
+def _joined(have: list[mx.array] | None, new: list[mx.array] | None, rows: int, shift: int,
+            used: int, idx: int, length: int, cap: int) -> list[mx.array] | None:
+    """Buffers of rows + 1 rows and `cap` columns, zero but for the old rows' first
+    `used` columns (moved `shift` right) and the new row's `length` tokens, ending at
+    column `idx`.  None while no row has KV."""
+    shapes = have if have is not None else new
+    if shapes is None:
+        return None
+    out: list[mx.array] = []
+    for i, ref in enumerate(shapes):
+        buf = mx.zeros((rows + 1, ref.shape[1], cap, ref.shape[3]), ref.dtype)
+        if have is not None and used:
+            buf[:rows, :, shift:idx, :] = have[i][..., :used, :]
+        if new is not None and length:
+            buf[rows:, :, idx - length : idx, :] = new[i][..., :length, :]
+        out.append(buf)
+    return out
 
 
 class RowsQuantizedKV(RowsKV):
@@ -307,30 +303,29 @@ class RowsCache:
 
     def join(self, row: list[Any], length: int) -> None:
         """Append a prefilled single-row cache (of this lane's layer types) holding
-        `length` tokens; its next token is at position `length`."""
+        `length` tokens; its next token is at position `length`.  A row longer than
+        the batch's columns left-pads everyone else to make room."""
         lay = self.layout
-        if length > lay.idx:  # everyone else is left-padded to make room
-            self._pad_left(length - lay.idx)
+        shift = max(0, length - lay.idx)
+        used, idx = lay.idx, lay.idx + shift
+        # Room for the columns in use and the next steps', never less than a buffer has.
         cap = max([c.keys[0].shape[2] for c in self.kv_layers if c.keys is not None]
-                  + [-(-max(lay.idx, 1) // STEP) * STEP])
-        start = lay.idx - length
+                  + [-(-(idx + 1) // STEP) * STEP])
         for mine, theirs in zip(self.layers, row, strict=True):
             if isinstance(mine, RowsKV):
-                mine.add_row(theirs, length, start, cap, lay.rows)
+                mine.add_row(theirs, length, shift, cap, lay.rows, used)
             else:
                 _add_arrays_row(mine, theirs, lay.rows)
-        valid = np.zeros((1, lay.idx), dtype=bool)
-        valid[0, start:] = True
-        lay.valid = np.concatenate([lay.valid, valid]) if lay.rows else valid
+        valid = np.zeros((1, idx), dtype=bool)
+        valid[0, idx - length :] = True
+        if lay.rows:
+            padded = np.concatenate([np.zeros((lay.rows, shift), dtype=bool), lay.valid],
+                                    axis=1)
+            lay.valid = np.concatenate([padded, valid])
+        else:
+            lay.valid = valid
+        lay.idx = idx
         lay.pos = np.concatenate([lay.pos, np.array([length], dtype=np.int64)])
-
-    def _pad_left(self, extra: int) -> None:
-        lay = self.layout
-        for c in self.kv_layers:
-            c.map(lambda p: mx.concatenate(
-                [mx.zeros((*p.shape[:2], extra, p.shape[3]), p.dtype), p], axis=2))
-        lay.valid = np.concatenate([np.zeros((lay.rows, extra), dtype=bool), lay.valid], axis=1)
-        lay.idx += extra
 
     def drop(self, keep: Sequence[int]) -> None:
         """Keep only the rows at these indices, in this order."""

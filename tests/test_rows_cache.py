@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+import pytest
 from mlx_lm.models import cache as mlx_cache
 
 from seatd import recurrent
@@ -16,6 +17,8 @@ from seatd.rows_cache import RowsCache
 from tests.lanes import logits_close
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22], [30, 31, 32, 33, 34, 35]]
+SHORT, ONE = [40, 41, 42], [50]
+LONG = list(range(60, 80))
 
 
 class Alone:
@@ -24,7 +27,8 @@ class Alone:
     def __init__(self, model: Any, kv: str, prompt: list[int]) -> None:
         self.model = model
         self.cache = make_cache(model, kv)
-        model(mx.array([prompt[:-1]]), cache=self.cache)
+        if len(prompt) > 1:  # a one-token prompt has nothing to prefill
+            model(mx.array([prompt[:-1]]), cache=self.cache)
 
     def feed(self, tokens: list[int]) -> mx.array:
         with recurrent.recording():  # so a hybrid row can be trimmed after it
@@ -40,8 +44,9 @@ def _position(cache: list[Any]) -> int:
 
 def _join(batch: RowsCache, model: Any, kv: str, prompt: list[int]) -> None:
     row = make_cache(model, kv)
-    model(mx.array([prompt[:-1]]), cache=row)
-    mx.eval([c.state for c in row])
+    if len(prompt) > 1:
+        model(mx.array([prompt[:-1]]), cache=row)
+        mx.eval([c.state for c in row])
     batch.join(row, len(prompt) - 1)
 
 
@@ -97,6 +102,28 @@ def test_rows_decode_as_if_alone(lane: tuple[Any, str]) -> None:
     logits = _step(batch, model, [[y] for y in ys])
     for b, y in enumerate(ys):
         assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), b
+    assert batch.layout.pos.tolist() == [_position(a.cache) for a in alone]
+
+
+@pytest.mark.parametrize("order", [
+    (SHORT, LONG, ONE),  # a longer row moves the rows there; a row with no KV yet
+    (ONE, SHORT, LONG),  # the first row has no KV: the others' buffers begin with it
+    (LONG, ONE, SHORT),  # shorter rows after a long one: nobody moves
+])
+def test_joins_in_any_order_decode_as_if_alone(lane: tuple[Any, str],
+                                                order: tuple[list[int], ...]) -> None:
+    model, kv = lane
+    batch = RowsCache.for_model(model, kv)
+    alone: list[Alone] = []
+    ys: list[int] = []
+    for prompt in order:  # each joins after a step of the rows already there
+        _join(batch, model, kv, prompt)
+        alone.append(Alone(model, kv, prompt))
+        ys.append(prompt[-1])
+        logits = _step(batch, model, [[y] for y in ys])
+        for b, y in enumerate(ys):
+            assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), (order, b)
+        ys = [int(t) for t in mx.argmax(logits[:, 0], axis=-1).tolist()]
     assert batch.layout.pos.tolist() == [_position(a.cache) for a in alone]
 
 
