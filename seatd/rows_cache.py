@@ -334,17 +334,17 @@ class RowsCache:
             self._reset()
             return
         index = mx.array(list(keep), dtype=mx.int32)
-        for c in self.kv_layers:
-            c.map(lambda p: p[index])
-        for c in self.recurrent_layers:
-            c.cache = [a[index] if a is not None else None for a in c.cache]
         lay.valid = lay.valid[list(keep)]
         lay.pos = lay.pos[list(keep)]
         used = lay.valid.any(axis=0)
         lead = int(np.argmax(used)) if used.any() else lay.idx
+        # The columns no row left uses are cut before the rows are gathered: a long row
+        # leaving short ones copies only their columns, not the width it had made.
+        for c in self.kv_layers:
+            c.map(lambda p: p[..., lead:, :][index])
+        for c in self.recurrent_layers:
+            c.cache = [a[index] if a is not None else None for a in c.cache]
         if lead:
-            for c in self.kv_layers:
-                c.map(lambda p: p[..., lead:, :])
             lay.valid = lay.valid[:, lead:]
             lay.idx -= lead
         self._reclaim_tail()

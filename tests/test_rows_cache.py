@@ -126,6 +126,17 @@ def test_joins_in_any_order_decode_as_if_alone(lane: tuple[Any, str],
         ys = [int(t) for t in mx.argmax(logits[:, 0], axis=-1).tolist()]
     assert batch.layout.pos.tolist() == [_position(a.cache) for a in alone]
 
+    # The long row leaves: the columns only it used go, the others decode on unchanged.
+    gone = order.index(LONG)
+    keep = [b for b in range(len(order)) if b != gone]
+    width = batch.layout.idx
+    batch.drop(keep)
+    assert batch.layout.idx < width
+    alone, ys = [alone[b] for b in keep], [ys[b] for b in keep]
+    logits = _step(batch, model, [[y] for y in ys])
+    for b, y in enumerate(ys):
+        assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), (order, "after", b)
+
 
 def test_rolled_back_columns_are_invisible(lane: tuple[Any, str]) -> None:
     """A rejected draft must not be seen by later steps: feeding garbage and rolling it
