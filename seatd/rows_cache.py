@@ -16,6 +16,14 @@ are squeezed out (`compact`) when they grow past `SLACK` columns.
     batch.roll_back(keeps)                     after a verify: each row keeps its first keeps[b]
     batch.drop(keep)                           rows that finished leave
 
+The rows' keys and values lie in segments (`seatd.segments`): consecutive rows with a
+buffer of their own, which begins at the segment's first column.  A joining row's
+prefilled buffer becomes a segment as it is, so joining copies nothing, and a long row
+beside short ones neither moves their KV nor widens their attention
+(`seatd.rows_attention`).  Segments whose rows are alike in length are merged, once,
+before the next step.  A model whose layers cannot attend segment by segment keeps
+one segment: every join then copies the rows into one buffer.
+
 Recurrent layers (a hybrid model's gated-delta state) are mlx-lm's `ArraysCache` with B
 rows: padding is masked with its `lengths`, and rolling back restores each row's own
 recorded state (`seatd.recurrent.roll_back_rows`).
@@ -28,6 +36,7 @@ hole, and per-row positions for RoPE.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -35,20 +44,33 @@ import numpy as np
 import structlog
 from mlx_lm.models import cache as mlx_cache
 
-from seatd import recurrent
+from seatd import recurrent, rows_attention
 from seatd.decode import make_cache
+from seatd.rows_attention import Ragged
+from seatd.segments import SEGMENT_COST, merge_runs
 
 log = structlog.get_logger()
 
 STEP = 256  # columns are allocated in steps of this many
 SLACK = 256  # holes tolerated before a compaction
 
+Parts = list[mx.array]  # one buffer: [keys] or a quantized one's [data, scales, biases]
+
 
 class Unbatchable(Exception):
     """The model has a layer cache this batch cannot hold (sliding windows, ...)."""
 
 
-def _grow(parts: list[mx.array], need: int) -> list[mx.array]:
+@dataclass
+class Seg:
+    """Consecutive rows with one buffer per layer, whose column 0 is the batch's
+    column `col`."""
+
+    rows: int
+    col: int
+
+
+def _grow(parts: Parts, need: int) -> Parts:
     cap = parts[0].shape[2]
     if need <= cap:
         return parts
@@ -57,13 +79,20 @@ def _grow(parts: list[mx.array], need: int) -> list[mx.array]:
             for p in parts]
 
 
+def _parts(x: Any) -> Parts | None:
+    if x is None:
+        return None
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
 class RowsKV:
-    """One attention layer of the batch: keys and values of every row, (B, H, cap, D)."""
+    """One attention layer of the batch: keys and values of every segment's rows,
+    (rows, H, cap, D) each, in the layout's order of segments."""
 
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
-        self.keys: list[mx.array] | None = None
-        self.values: list[mx.array] | None = None
+        self.keys: list[Parts | None] = []  # per segment; None: its rows hold no KV yet
+        self.values: list[Parts | None] = []
 
     # -- mlx-lm's cache protocol, as the attention layers call it --------------
 
@@ -71,32 +100,39 @@ class RowsKV:
     def offset(self) -> mx.array:
         return self.layout.positions
 
-    def _pack(self, x: mx.array) -> list[mx.array]:
+    def _pack(self, x: mx.array) -> Parts:
         return [x]
 
-    def _view(self, parts: list[mx.array], end: int) -> Any:
+    def _view(self, parts: Parts, end: int) -> Any:
         return parts[0][..., :end, :]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:
-        start, n = self.layout.idx, keys.shape[2]
+        lay = self.layout
+        start, n = lay.idx, keys.shape[2]
         k, v = self._pack(keys), self._pack(values)
-        if self.keys is None or self.values is None:
-            cap = -(-(start + n) // STEP) * STEP
-            self.keys = [mx.zeros((*p.shape[:2], cap, p.shape[3]), p.dtype) for p in k]
-            self.values = [mx.zeros((*p.shape[:2], cap, p.shape[3]), p.dtype) for p in v]
-        self.keys, self.values = _grow(self.keys, start + n), _grow(self.values, start + n)
-        for buf, new in zip(self.keys, k, strict=True):
-            buf[..., start : start + n, :] = new
-        for buf, new in zip(self.values, v, strict=True):
-            buf[..., start : start + n, :] = new
-        return self._view(self.keys, start + n), self._view(self.values, start + n)
+        whole = len(lay.segs) == 1
+        out_k: list[tuple[int, int, int, Any]] = []
+        out_v: list[tuple[int, int, int, Any]] = []
+        a = 0
+        for i, seg in enumerate(lay.segs):
+            b = a + seg.rows
+            local = start - seg.col
+            self.keys[i] = _write(self.keys[i], k if whole else [p[a:b] for p in k], local)
+            self.values[i] = _write(self.values[i], v if whole else [p[a:b] for p in v],
+                                    local)
+            out_k.append((a, b, seg.col, self._view(self.keys[i] or [], local + n)))
+            out_v.append((a, b, seg.col, self._view(self.values[i] or [], local + n)))
+            a = b
+        if whole:  # one buffer from column 0: mlx-lm's own attention, as a row alone
+            return out_k[0][3], out_v[0][3]
+        return Ragged(tuple(out_k)), Ragged(tuple(out_v))
 
     def make_mask(self, N: int, return_array: bool = False, **_: Any) -> mx.array | str | None:
         return self.layout.mask(N)
 
     @property
     def state(self) -> list[mx.array]:
-        return [*(self.keys or []), *(self.values or [])]
+        return [p for parts in (*self.keys, *self.values) if parts is not None for p in parts]
 
     @property
     def nbytes(self) -> int:
@@ -107,47 +143,77 @@ class RowsKV:
 
     # -- structure, driven by RowsCache ---------------------------------------
 
-    def map(self, f: Any) -> None:
-        if self.keys is not None and self.values is not None:
-            self.keys = [f(p) for p in self.keys]
-            self.values = [f(p) for p in self.values]
+    def adopt(self, layer: Any) -> None:
+        """A joining row's own buffer (a single-row cache's layer) as a new segment."""
+        self.keys.append(_parts(layer.keys))
+        self.values.append(_parts(layer.values))
 
-    def add_row(self, layer: Any, length: int, shift: int, cap: int, rows: int,
-                used: int) -> None:
-        """One more row, last: the `rows` rows there move `shift` columns right (their
-        first `used` columns are all they hold) and the new row's first `length` tokens
-        end at the new write column, in buffers of `cap` columns.  Each part is written
-        once, into one new buffer: a long row joining short ones copies every row's KV
-        once, not once per pad and once per concatenation."""
-        if layer.keys is None:  # a row with no tokens yet: all padding
-            src_k: list[mx.array] | None = None
-            src_v: list[mx.array] | None = None
-        else:
-            src_k = list(layer.keys) if isinstance(layer.keys, (list, tuple)) else [layer.keys]
-            src_v = (list(layer.values) if isinstance(layer.values, (list, tuple))
-                     else [layer.values])
-        idx = used + shift
-        self.keys = _joined(self.keys if rows else None, src_k, rows, shift, used, idx,
-                            length, cap)
-        self.values = _joined(self.values if rows else None, src_v, rows, shift, used, idx,
-                              length, cap)
+    def merge(self, first: int, end: int, segs: Sequence[Seg], idx: int) -> None:
+        """Segments [first, end) into one buffer that begins at their first column: each
+        segment's columns up to `idx` are copied once, into place."""
+        group = segs[first:end]
+        col = min(s.col for s in group)
+        rows = sum(s.rows for s in group)
+        cap = -(-(idx + 1 - col) // STEP) * STEP
+        self.keys[first:end] = [_merged(self.keys[first:end], group, rows, col, cap, idx)]
+        self.values[first:end] = [_merged(self.values[first:end], group, rows, col, cap,
+                                          idx)]
+
+    def keep(self, i: int, index: list[int] | None, lead: int) -> None:
+        """Segment i keeps the rows at `index` (None: all) from its column `lead` on."""
+        for bufs in (self.keys, self.values):
+            parts = bufs[i]
+            if parts is None:
+                continue
+            if lead:
+                parts = [p[..., lead:, :] for p in parts]
+            if index is not None:
+                at = mx.array(index, dtype=mx.int32)
+                parts = [p[at] for p in parts]
+            bufs[i] = parts
+
+    def remove(self, i: int) -> None:
+        del self.keys[i], self.values[i]
+
+    def gather(self, i: int, index: mx.array, end: int) -> None:
+        """Segment i's columns re-gathered: index (rows, width) of its own columns."""
+        at = index[:, None, :, None]
+        for bufs in (self.keys, self.values):
+            parts = bufs[i]
+            if parts is not None:
+                bufs[i] = [mx.take_along_axis(p[..., :end, :], at, axis=2) for p in parts]
 
 
-def _joined(have: list[mx.array] | None, new: list[mx.array] | None, rows: int, shift: int,
-            used: int, idx: int, length: int, cap: int) -> list[mx.array] | None:
-    """Buffers of rows + 1 rows and `cap` columns, zero but for the old rows' first
-    `used` columns (moved `shift` right) and the new row's `length` tokens, ending at
-    column `idx`.  None while no row has KV."""
-    shapes = have if have is not None else new
-    if shapes is None:
+def _write(parts: Parts | None, new: Parts, local: int) -> Parts:
+    """`new` (rows, H, n, D) written at column `local` of the buffer, grown to fit (a
+    segment of rows with no KV yet gets one, zero before `local`)."""
+    n = new[0].shape[2]
+    if parts is None:
+        cap = -(-(local + n) // STEP) * STEP
+        parts = [mx.zeros((*p.shape[:2], cap, p.shape[3]), p.dtype) for p in new]
+    parts = _grow(parts, local + n)
+    for buf, x in zip(parts, new, strict=True):
+        buf[..., local : local + n, :] = x
+    return parts
+
+
+def _merged(bufs: Sequence[Parts | None], segs: Sequence[Seg], rows: int, col: int,
+            cap: int, idx: int) -> Parts | None:
+    """One buffer of `rows` rows and `cap` columns from column `col`: zero but for each
+    segment's columns before `idx`, moved to their place."""
+    ref = next((p for p in bufs if p is not None), None)
+    if ref is None:
         return None
-    out: list[mx.array] = []
-    for i, ref in enumerate(shapes):
-        buf = mx.zeros((rows + 1, ref.shape[1], cap, ref.shape[3]), ref.dtype)
-        if have is not None and used:
-            buf[:rows, :, shift:idx, :] = have[i][..., :used, :]
-        if new is not None and length:
-            buf[rows:, :, idx - length : idx, :] = new[i][..., :length, :]
+    out: Parts = []
+    for j, r in enumerate(ref):
+        buf = mx.zeros((rows, r.shape[1], cap, r.shape[3]), r.dtype)
+        a = 0
+        for parts, seg in zip(bufs, segs, strict=True):
+            width = idx - seg.col
+            if parts is not None and width > 0:
+                at = seg.col - col
+                buf[a : a + seg.rows, :, at : at + width, :] = parts[j][..., :width, :]
+            a += seg.rows
         out.append(buf)
     return out
 
@@ -161,10 +227,10 @@ class RowsQuantizedKV(RowsKV):
         self.group_size = group_size
         self.bits = bits
 
-    def _pack(self, x: mx.array) -> list[mx.array]:
+    def _pack(self, x: mx.array) -> Parts:
         return list(mx.quantize(x, group_size=self.group_size, bits=self.bits))
 
-    def _view(self, parts: list[mx.array], end: int) -> Any:
+    def _view(self, parts: Parts, end: int) -> Any:
         return tuple(p[..., :end, :] for p in parts)
 
 
@@ -176,6 +242,7 @@ class Layout:
         self.valid = np.zeros((0, 0), dtype=bool)  # (B, idx): column holds a live token
         self.pos = np.zeros((0,), dtype=np.int64)  # (B,): position of each row's next token
         self.positions = mx.zeros((0,), dtype=mx.int32)
+        self.segs: list[Seg] = []  # the rows' segments, in row order
         self._step: np.ndarray | None = None  # (B, n) real tokens of the step in flight
         self._n = 0
         self._mask: mx.array | str | None = None
@@ -188,7 +255,7 @@ class Layout:
         step = np.arange(n)[None, :] < np.asarray(counts, dtype=np.int64)[:, None]
         self._step, self._n = step, n
         self.positions = mx.array(self.pos.astype(np.int32))
-        if self.valid.all() and step.all():
+        if len(self.segs) == 1 and self.valid.all() and step.all():
             # No padding, no holes: mlx-lm's own masks (none for one token, "causal"
             # otherwise), so a row alone computes exactly what a request alone does.
             self._mask = None if n == 1 else "causal"
@@ -209,18 +276,40 @@ class Layout:
         self.idx += step.shape[1]
         self._step, self._mask = None, None
 
+    def first_used(self, a: int, b: int) -> int:
+        """The first column any of rows [a, b) holds a token in (idx: none)."""
+        used = self.valid[a:b].any(axis=0)
+        return int(np.argmax(used)) if used.any() else self.idx
+
+
+# Whether a model class's layers attend segment by segment, probed once per class and
+# lane: the answer is in the layers' code, not in the weights.
+_RAGGED: dict[tuple[str, str, str], bool] = {}
+
 
 class RowsCache:
     """Every layer's cache for the rows of one batch, in the model's layer order."""
 
     capacity: int | None = None  # rows it can hold: any number
 
-    def __init__(self, layers: list[Any], layout: Layout) -> None:
+    def __init__(self, layers: list[Any], layout: Layout, ragged: bool = False) -> None:
         self.layers = layers
         self.layout = layout
+        self.ragged = ragged  # segments may stay apart (else every join merges)
+        self.segment_cost = SEGMENT_COST  # row-columns a segment's own operations cost
+        self._settled = True
 
     @classmethod
     def for_model(cls, model: Any, kv: str) -> RowsCache:
+        batch = cls._empty(model, kv)
+        key = (type(model).__module__, type(model).__qualname__, kv)
+        if key not in _RAGGED:
+            _RAGGED[key] = rows_attention.install(model) and _probe(model, kv)
+        batch.ragged = _RAGGED[key]
+        return batch
+
+    @classmethod
+    def _empty(cls, model: Any, kv: str) -> RowsCache:
         template = make_cache(model, kv)
         layout = Layout()
         layers: list[Any] = []
@@ -248,6 +337,10 @@ class RowsCache:
         return [c for c in self.layers if isinstance(c, mlx_cache.ArraysCache)]
 
     @property
+    def segments(self) -> int:
+        return len(self.layout.segs)
+
+    @property
     def nbytes(self) -> int:
         total = sum(c.nbytes for c in self.kv_layers)
         for c in self.recurrent_layers:
@@ -268,6 +361,7 @@ class RowsCache:
 
     def begin(self, counts: Sequence[int], n: int) -> None:
         """Before a forward of `n` tokens per row, of which counts[b] are row b's own."""
+        self._settle()
         self.layout.begin(counts, n)
         ragged = any(c != n for c in counts)
         for c in self.recurrent_layers:
@@ -295,6 +389,8 @@ class RowsCache:
         lay = self.layout
         used = lay.valid.any(axis=0)
         last = int(np.nonzero(used)[0][-1]) + 1 if used.any() else 0
+        # A segment's buffer begins at its column: the write column never goes before it.
+        last = max([last, *(s.col for s in lay.segs)])
         if last < lay.idx:
             lay.valid = lay.valid[:, :last]
             lay.idx = last
@@ -303,19 +399,20 @@ class RowsCache:
 
     def join(self, row: list[Any], length: int) -> None:
         """Append a prefilled single-row cache (of this lane's layer types) holding
-        `length` tokens; its next token is at position `length`.  A row longer than
-        the batch's columns left-pads everyone else to make room."""
+        `length` tokens; its next token is at position `length`.  Its buffers become a
+        segment as they are; a row longer than the batch's columns moves the others'
+        segments right (their first column, not their KV)."""
         lay = self.layout
         shift = max(0, length - lay.idx)
-        used, idx = lay.idx, lay.idx + shift
-        # Room for the columns in use and the next steps', never less than a buffer has.
-        cap = max([c.keys[0].shape[2] for c in self.kv_layers if c.keys is not None]
-                  + [-(-(idx + 1) // STEP) * STEP])
+        for s in lay.segs:
+            s.col += shift
+        idx = lay.idx + shift
         for mine, theirs in zip(self.layers, row, strict=True):
             if isinstance(mine, RowsKV):
-                mine.add_row(theirs, length, shift, cap, lay.rows, used)
+                mine.adopt(theirs)
             else:
                 _add_arrays_row(mine, theirs, lay.rows)
+        lay.segs.append(Seg(1, idx - length))
         valid = np.zeros((1, idx), dtype=bool)
         valid[0, idx - length :] = True
         if lay.rows:
@@ -326,28 +423,70 @@ class RowsCache:
             lay.valid = valid
         lay.idx = idx
         lay.pos = np.concatenate([lay.pos, np.array([length], dtype=np.int64)])
+        self._settled = False
+
+    def _settle(self) -> None:
+        """Merge the segments that one buffer holds for less (`seatd.segments`); all of
+        them where the model's layers cannot attend segment by segment."""
+        if self._settled:
+            return
+        lay = self.layout
+        runs = (merge_runs([(s.rows, s.col) for s in lay.segs], lay.idx,
+                           self.segment_cost) if self.ragged
+                else [(0, len(lay.segs))])
+        for first, end in reversed(runs):
+            if end - first < 2:
+                continue
+            for c in self.kv_layers:
+                c.merge(first, end, lay.segs, lay.idx)
+            group = lay.segs[first:end]
+            lay.segs[first:end] = [Seg(sum(s.rows for s in group), min(s.col for s in group))]
+        self._settled = True
 
     def drop(self, keep: Sequence[int]) -> None:
-        """Keep only the rows at these indices, in this order."""
+        """Keep only the rows at these indices, in this order (ascending)."""
         lay = self.layout
         if not keep:
             self._reset()
             return
-        index = mx.array(list(keep), dtype=mx.int32)
-        lay.valid = lay.valid[list(keep)]
-        lay.pos = lay.pos[list(keep)]
-        used = lay.valid.any(axis=0)
-        lead = int(np.argmax(used)) if used.any() else lay.idx
-        # The columns no row left uses are cut before the rows are gathered: a long row
-        # leaving short ones copies only their columns, not the width it had made.
-        for c in self.kv_layers:
-            c.map(lambda p: p[..., lead:, :][index])
+        wanted = list(keep)
+        if wanted != sorted(set(wanted)):
+            raise ValueError("rows are kept in their order")
+        lay.valid = lay.valid[wanted]
+        lay.pos = lay.pos[wanted]
+        index = mx.array(wanted, dtype=mx.int32)
         for c in self.recurrent_layers:
-            c.cache = [a[index] if a is not None else None for a in c.cache]
+            c.cache = [x[index] if x is not None else None for x in c.cache]
+        a, i, k = 0, 0, 0
+        for seg in list(lay.segs):
+            b = a + seg.rows
+            mine = [r - a for r in wanted if a <= r < b]
+            if not mine:
+                for c in self.kv_layers:
+                    c.remove(i)
+                lay.segs.pop(i)
+            else:
+                # The columns none of its rows left uses are cut before they are
+                # gathered: a long row leaving copies only the short rows' columns.
+                first = max(seg.col, lay.first_used(k, k + len(mine)))
+                lead = first - seg.col
+                cut = lead >= STEP or len(mine) < seg.rows
+                for c in self.kv_layers:
+                    c.keep(i, None if len(mine) == seg.rows else mine, lead if cut else 0)
+                if cut:
+                    seg.col = first
+                seg.rows = len(mine)
+                i += 1
+                k += len(mine)
+            a = b
+        lead = min(s.col for s in lay.segs)
         if lead:
+            for s in lay.segs:
+                s.col -= lead
             lay.valid = lay.valid[:, lead:]
             lay.idx -= lead
         self._reclaim_tail()
+        self._settled = False
 
     def _reset(self) -> None:
         """No rows left: fresh, empty layers (buffers go back to the allocator)."""
@@ -369,21 +508,53 @@ class RowsCache:
         return lay.idx - int(lay.valid.sum(axis=1).max())
 
     def compact(self) -> None:
-        """Squeeze every row's live columns together, right-aligned at the write column."""
+        """Squeeze every row's live columns together, right-aligned at the write column;
+        each segment keeps as many columns as its longest row needs."""
         lay = self.layout
         if not lay.rows:
             return
-        width = int(lay.valid.sum(axis=1).max())
-        gather = np.zeros((lay.rows, width), dtype=np.int32)
+        counts = lay.valid.sum(axis=1)
+        width = int(counts.max())
         valid = np.zeros((lay.rows, width), dtype=bool)
-        for b in range(lay.rows):
-            cols = np.nonzero(lay.valid[b])[0]
-            gather[b, width - len(cols):] = cols
-            valid[b, width - len(cols):] = True
-        index = mx.array(gather)[:, None, :, None]
-        for c in self.kv_layers:
-            c.map(lambda p: mx.take_along_axis(p[..., : lay.idx, :], index, axis=2))
+        a = 0
+        for i, seg in enumerate(lay.segs):
+            b = a + seg.rows
+            own = int(counts[a:b].max())
+            gather = np.zeros((seg.rows, own), dtype=np.int32)
+            for r in range(seg.rows):
+                cols = np.nonzero(lay.valid[a + r])[0] - seg.col
+                gather[r, own - len(cols):] = cols
+                valid[a + r, width - len(cols):] = True
+            for c in self.kv_layers:
+                c.gather(i, mx.array(gather), lay.idx - seg.col)
+            seg.col = width - own
+            a = b
         lay.valid, lay.idx = valid, width
+
+
+def _probe(model: Any, kv: str) -> bool:
+    """Whether the model's layers attend segment by segment: two rows of different
+    lengths in two segments, one step, finite logits (a layer that does more with the
+    keys than hand them on raises instead)."""
+    try:
+        batch = RowsCache._empty(model, kv)
+        batch.ragged = True
+        for tokens in ([1, 2, 3], [1]):
+            row = make_cache(model, kv)
+            if len(tokens) > 1:
+                model(mx.array([tokens[:-1]]), cache=row)
+            batch.join(row, len(tokens) - 1)
+        batch._settled = True  # two segments, as they joined
+        batch.begin([1, 1], 1)
+        with recurrent.recording():
+            logits = model(mx.array([[1], [1]]), cache=batch.layers)
+        batch.end()
+        ok = bool(mx.isfinite(logits).all().item()) and batch.segments == 2
+    except Exception as exc:  # any layer that cannot: one buffer, as before segments
+        log.warning("rows_attention_unsupported", model=type(model).__module__,
+                    error=repr(exc))
+        return False
+    return ok
 
 
 def _add_arrays_row(mine: Any, theirs: Any, rows: int) -> None:

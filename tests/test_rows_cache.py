@@ -14,6 +14,7 @@ from mlx_lm.models import cache as mlx_cache
 from seatd import recurrent
 from seatd.decode import make_cache
 from seatd.rows_cache import RowsCache
+from seatd.segments import SEGMENT_COST
 from tests.lanes import logits_close
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22], [30, 31, 32, 33, 34, 35]]
@@ -38,6 +39,18 @@ class Alone:
         assert mlx_cache.trim_prompt_cache(self.cache, n) == n
 
 
+@pytest.fixture(params=["merged", "apart"])
+def batch_of(request: Any) -> Any:
+    """Batches whose rows share buffers where that is cheaper (the default), or where
+    each length keeps a buffer of its own, so attention runs segment by segment."""
+    def make(model: Any, kv: str) -> RowsCache:
+        batch = RowsCache.for_model(model, kv)
+        assert batch.ragged, "the demo models attend segment by segment"
+        batch.segment_cost = 0 if request.param == "apart" else SEGMENT_COST
+        return batch
+    return make
+
+
 def _position(cache: list[Any]) -> int:
     return next(c.offset for c in cache if isinstance(getattr(c, "offset", None), int))
 
@@ -60,10 +73,10 @@ def _step(batch: RowsCache, model: Any, blocks: list[list[int]]) -> mx.array:
     return logits
 
 
-def test_rows_decode_as_if_alone(lane: tuple[Any, str]) -> None:
+def test_rows_decode_as_if_alone(lane: tuple[Any, str], batch_of: Any) -> None:
     model, kv = lane
     alone = [Alone(model, kv, p) for p in PROMPTS]
-    batch = RowsCache.for_model(model, kv)
+    batch = batch_of(model, kv)
     for p in PROMPTS[:2]:
         _join(batch, model, kv, p)
     ys = [PROMPTS[0][-1], PROMPTS[1][-1]]
@@ -111,9 +124,10 @@ def test_rows_decode_as_if_alone(lane: tuple[Any, str]) -> None:
     (LONG, ONE, SHORT),  # shorter rows after a long one: nobody moves
 ])
 def test_joins_in_any_order_decode_as_if_alone(lane: tuple[Any, str],
-                                                order: tuple[list[int], ...]) -> None:
+                                                order: tuple[list[int], ...],
+                                                batch_of: Any) -> None:
     model, kv = lane
-    batch = RowsCache.for_model(model, kv)
+    batch = batch_of(model, kv)
     alone: list[Alone] = []
     ys: list[int] = []
     for prompt in order:  # each joins after a step of the rows already there
@@ -138,14 +152,14 @@ def test_joins_in_any_order_decode_as_if_alone(lane: tuple[Any, str],
         assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), (order, "after", b)
 
 
-def test_rolled_back_columns_are_invisible(lane: tuple[Any, str]) -> None:
+def test_rolled_back_columns_are_invisible(lane: tuple[Any, str], batch_of: Any) -> None:
     """A rejected draft must not be seen by later steps: feeding garbage and rolling it
     back leaves the same logits as never feeding it."""
     model, kv = lane
-    batch = RowsCache.for_model(model, kv)
+    batch = batch_of(model, kv)
     _join(batch, model, kv, PROMPTS[0])
     _join(batch, model, kv, PROMPTS[1])
-    clean = RowsCache.for_model(model, kv)
+    clean = batch_of(model, kv)
     _join(clean, model, kv, PROMPTS[0])
     _join(clean, model, kv, PROMPTS[1])
     ys = [PROMPTS[0][-1], PROMPTS[1][-1]]
@@ -160,9 +174,9 @@ def test_rolled_back_columns_are_invisible(lane: tuple[Any, str]) -> None:
     assert batch.rows == 2 and batch.nbytes > 0
 
 
-def test_last_row_leaving_frees_the_batch(lane: tuple[Any, str]) -> None:
+def test_last_row_leaving_frees_the_batch(lane: tuple[Any, str], batch_of: Any) -> None:
     model, kv = lane
-    batch = RowsCache.for_model(model, kv)
+    batch = batch_of(model, kv)
     _join(batch, model, kv, PROMPTS[0])
     _step(batch, model, [[PROMPTS[0][-1]]])
     assert batch.nbytes > 0
@@ -170,3 +184,39 @@ def test_last_row_leaving_frees_the_batch(lane: tuple[Any, str]) -> None:
     assert batch.rows == 0 and batch.nbytes == 0 and batch.layout.idx == 0
     _join(batch, model, kv, PROMPTS[1])  # and it takes rows again
     assert batch.rows == 1
+
+
+def test_a_long_row_joins_without_a_copy(lane: tuple[Any, str]) -> None:
+    """A row far longer than the others joins as a segment of its own: its prefilled
+    buffer is the batch's as it was (nobody's KV is copied), the rows decode as if
+    alone, and when it leaves the rest is one segment again."""
+    model, kv = lane
+    batch = RowsCache.for_model(model, kv)
+    shorts = [[5, 6, 7], [8, 9, 10, 11]]
+    long = list(range(100, 700))
+    alone = [Alone(model, kv, p) for p in [*shorts, long]]
+    for p in shorts:
+        _join(batch, model, kv, p)
+    _step(batch, model, [[p[-1]] for p in shorts])
+    for a, p in zip(alone, shorts, strict=False):
+        a.feed([p[-1]])
+    assert batch.segments == 1  # alike in length: one buffer
+    row = make_cache(model, kv)
+    model(mx.array([long[:-1]]), cache=row)
+    mx.eval([c.state for c in row])
+    theirs = [c.keys[0] if isinstance(c.keys, tuple) else c.keys
+              for c in row if getattr(c, "keys", None) is not None]
+    batch.join(row, len(long) - 1)
+    assert batch.segments == 2
+    assert all(c.keys[1] is not None and c.keys[1][0] is t
+               for c, t in zip(batch.kv_layers, theirs, strict=True))
+    ys = [1, 2, long[-1]]
+    logits = _step(batch, model, [[y] for y in ys])
+    assert batch.segments == 2  # 600 columns apart: two buffers cost less than one
+    for b, y in enumerate(ys):
+        assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), b
+    batch.drop([0, 1])
+    assert batch.segments == 1 and batch.layout.idx < 600
+    logits = _step(batch, model, [[3], [4]])
+    for b, y in enumerate([3, 4]):
+        assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), ("after", b)

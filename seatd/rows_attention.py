@@ -1,0 +1,72 @@
+"""Attention over a batch whose rows' keys and values lie in several buffers.
+
+mlx-lm's attention layers call `scaled_dot_product_attention(queries, keys, values,
+cache=, scale=, mask=)`, a name each model module imports from `mlx_lm.models.base`,
+with the keys and values its cache's `update_and_fetch` returned.  A batch held in
+segments (`seatd.segments`) returns `Ragged` keys and values: each segment's rows and
+the view of its buffer from its own first column.  `install(model)` rebinds that name,
+in the modules the model's layers come from, to `attention`, which runs mlx-lm's own
+function once per segment (the quantized path included) on the segment's rows, its
+columns of the mask, and its buffer, and stacks the rows again.  Anything else passes
+straight through, so requests alone and mlx-lm's own caches are untouched.
+
+Rebinding a library's name is a patch; it is the one hook mlx-lm offers between a
+cache and its attention.  A model whose layers do more with the keys than hand them on
+(a new architecture) is caught by `RowsCache.for_model`'s probe, and its batch keeps
+one buffer (`seatd.rows_cache`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models import base
+
+_LIBRARY = base.scaled_dot_product_attention
+NAME = "scaled_dot_product_attention"
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """Keys (or values) of a batch in segments: (first row, end row, first column, the
+    buffer's view from that column to the step's last), in row order."""
+
+    segs: tuple[tuple[int, int, int, Any], ...]
+
+
+def attention(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float,
+              mask: Any, sinks: Any = None) -> mx.array:
+    """mlx-lm's attention, segment by segment where the keys are `Ragged`."""
+    if not isinstance(keys, Ragged):
+        return _LIBRARY(queries, keys, values, cache=cache, scale=scale, mask=mask,
+                        sinks=sinks)
+    if not isinstance(values, Ragged) or len(values.segs) != len(keys.segs):
+        raise TypeError("ragged keys need ragged values of the same segments")
+    outs = []
+    for (a, b, col, k), (_, _, _, v) in zip(keys.segs, values.segs, strict=True):
+        m = mask[a:b, ..., col:] if isinstance(mask, mx.array) else mask
+        outs.append(_LIBRARY(queries[a:b], k, v, cache=cache, scale=scale, mask=m,
+                             sinks=sinks))
+    return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
+
+
+def install(model: Any) -> bool:
+    """Route the attention of the model's modules through `attention`; whether any
+    module of the model calls it (none: the model's layers cannot take `Ragged`)."""
+    names = {type(model).__module__}
+    modules = getattr(model, "modules", None)
+    if callable(modules):
+        names.update(type(m).__module__ for m in modules())
+    found = False
+    for name in names:
+        module = sys.modules.get(name)
+        bound = getattr(module, NAME, None)
+        if bound is attention:
+            found = True
+        elif bound is _LIBRARY:
+            setattr(module, NAME, attention)
+            found = True
+    return found
