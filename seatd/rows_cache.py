@@ -21,8 +21,11 @@ buffer of their own, which begins at the segment's first column.  A joining row'
 prefilled buffer becomes a segment as it is, so joining copies nothing, and a long row
 beside short ones neither moves their KV nor widens their attention
 (`seatd.rows_attention`).  Segments whose rows are alike in length are merged, once,
-before the next step.  A model whose layers cannot attend segment by segment keeps
-one segment: every join then copies the rows into one buffer.
+before the next step.  The first batch of a model probes it (`_probe`: two rows of
+different lengths, one step, each against itself alone): a model whose layers cannot
+attend segment by segment keeps one segment (every join then copies the rows into one
+buffer), and one whose rows batched do not decode as they do alone is `Unbatchable`
+(its lane takes one row at a time, `OneRow`).
 
 Recurrent layers (a hybrid model's gated-delta state) are mlx-lm's `ArraysCache` with B
 rows: padding is masked with its `lengths`, and rolling back restores each row's own
@@ -35,6 +38,7 @@ hole, and per-row positions for RoPE.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -282,9 +286,10 @@ class Layout:
         return int(np.argmax(used)) if used.any() else self.idx
 
 
-# Whether a model class's layers attend segment by segment, probed once per class and
-# lane: the answer is in the layers' code, not in the weights.
-_RAGGED: dict[tuple[str, str, str], bool] = {}
+# How a model's rows batch, probed once per model and lane (`_probe`): by id, with a
+# weak reference that proves the id is still that model's.
+RAGGED, MERGED, UNBATCHABLE = "ragged", "merged", "unbatchable"
+_PROBED: dict[tuple[int, str], tuple[weakref.ref[Any], str]] = {}
 
 
 class RowsCache:
@@ -302,10 +307,15 @@ class RowsCache:
     @classmethod
     def for_model(cls, model: Any, kv: str) -> RowsCache:
         batch = cls._empty(model, kv)
-        key = (type(model).__module__, type(model).__qualname__, kv)
-        if key not in _RAGGED:
-            _RAGGED[key] = rows_attention.install(model) and _probe(model, kv)
-        batch.ragged = _RAGGED[key]
+        key = (id(model), kv)
+        known = _PROBED.get(key)
+        if known is None or known[0]() is not model:
+            known = (weakref.ref(model), _probe(model, kv, rows_attention.install(model)))
+            _PROBED[key] = known
+        if known[1] == UNBATCHABLE:
+            raise Unbatchable(f"{type(model).__module__}: rows batched do not decode as "
+                              "they do alone")
+        batch.ragged = known[1] == RAGGED
         return batch
 
     @classmethod
@@ -532,29 +542,49 @@ class RowsCache:
         lay.valid, lay.idx = valid, width
 
 
-def _probe(model: Any, kv: str) -> bool:
-    """Whether the model's layers attend segment by segment: two rows of different
-    lengths in two segments, one step, finite logits (a layer that does more with the
-    keys than hand them on raises instead)."""
-    try:
-        batch = RowsCache._empty(model, kv)
-        batch.ragged = True
-        for tokens in ([1, 2, 3], [1]):
-            row = make_cache(model, kv)
-            if len(tokens) > 1:
-                model(mx.array([tokens[:-1]]), cache=row)
-            batch.join(row, len(tokens) - 1)
-        batch._settled = True  # two segments, as they joined
-        batch.begin([1, 1], 1)
+PROBE_ROWS = ([1, 2, 3, 4, 5], [6, 7])  # two prompts of different lengths
+
+
+def _probe(model: Any, kv: str, routed: bool) -> str:
+    """How this model's rows batch: two rows of different lengths, one step, each row's
+    logits against the same row alone.  RAGGED where they agree with the rows in two
+    segments (`routed`: the model's attention goes through `seatd.rows_attention`);
+    else MERGED where they agree in one buffer; else UNBATCHABLE (a layer that reads
+    the batch's mask or keys its own way: the lane decodes one row at a time)."""
+    alone = []
+    for tokens in PROBE_ROWS:
+        cache = make_cache(model, kv)
+        model(mx.array([tokens[:-1]]), cache=cache)
         with recurrent.recording():
-            logits = model(mx.array([[1], [1]]), cache=batch.layers)
-        batch.end()
-        ok = bool(mx.isfinite(logits).all().item()) and batch.segments == 2
-    except Exception as exc:  # any layer that cannot: one buffer, as before segments
-        log.warning("rows_attention_unsupported", model=type(model).__module__,
-                    error=repr(exc))
-        return False
-    return ok
+            alone.append(model(mx.array([tokens[-1:]]), cache=cache)[0, -1])
+    for mode in ((RAGGED, MERGED) if routed else (MERGED,)):
+        try:
+            batch = RowsCache._empty(model, kv)
+            batch.ragged = mode == RAGGED
+            batch.segment_cost = 0  # rows of different lengths stay apart
+            for tokens in PROBE_ROWS:
+                row = make_cache(model, kv)
+                model(mx.array([tokens[:-1]]), cache=row)
+                batch.join(row, len(tokens) - 1)
+            batch.begin([1] * len(PROBE_ROWS), 1)
+            with recurrent.recording():
+                logits = model(mx.array([t[-1:] for t in PROBE_ROWS]), cache=batch.layers)
+            batch.end()
+            if all(_agree(logits[b, -1], a) for b, a in enumerate(alone)):
+                return mode
+        except Exception as exc:  # this mode cannot: the next, else one row at a time
+            log.warning("rows_probe_failed", model=type(model).__module__, kv=kv,
+                        mode=mode, error=repr(exc))
+    log.warning("rows_unbatchable", model=type(model).__module__, kv=kv)
+    return UNBATCHABLE
+
+
+def _agree(a: mx.array, b: mx.array) -> bool:
+    """Logits equal but for the order of float sums: far below what any real
+    difference of inputs (a token, a position, a mask) moves them by."""
+    scale = mx.maximum(mx.abs(b.astype(mx.float32)).max(), 1.0)
+    gap = mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max()
+    return bool((gap <= 1e-2 * scale).item())
 
 
 def _add_arrays_row(mine: Any, theirs: Any, rows: int) -> None:

@@ -13,7 +13,7 @@ from mlx_lm.models import cache as mlx_cache
 
 from seatd import recurrent
 from seatd.decode import make_cache
-from seatd.rows_cache import RowsCache
+from seatd.rows_cache import OneRow, RowsCache, Unbatchable, lane_cache
 from seatd.segments import SEGMENT_COST
 from tests.lanes import logits_close
 
@@ -220,3 +220,45 @@ def test_a_long_row_joins_without_a_copy(lane: tuple[Any, str]) -> None:
     logits = _step(batch, model, [[3], [4]])
     for b, y in enumerate([3, 4]):
         assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), ("after", b)
+
+
+def _gemma2(kv_heads: int) -> Any:
+    from mlx_lm.models import gemma2
+
+    mx.random.seed(3)
+    args = gemma2.ModelArgs(model_type="gemma2", hidden_size=64, num_hidden_layers=2,
+                            intermediate_size=128, num_attention_heads=4, head_dim=16,
+                            rms_norm_eps=1e-6, vocab_size=256, num_key_value_heads=kv_heads)
+    model = gemma2.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+def test_a_model_that_cannot_attend_by_segment_keeps_one_buffer() -> None:
+    """mlx-lm's gemma2 computes attention itself (soft-capped scores), not through the
+    function segments are routed by: its batch keeps one buffer, a long row joining is
+    copied in beside the others, and every row still decodes as if alone."""
+    model = _gemma2(kv_heads=4)
+    batch = RowsCache.for_model(model, "fp16")
+    assert not batch.ragged
+    prompts = [[5, 6, 7], [(9 * i) % 256 for i in range(700)]]
+    alone = [Alone(model, "fp16", p) for p in prompts]
+    for p in prompts:
+        _join(batch, model, "fp16", p)
+    ys = [p[-1] for p in prompts]
+    for _ in range(2):
+        logits = _step(batch, model, [[y] for y in ys])
+        assert batch.segments == 1
+        for b, y in enumerate(ys):
+            assert logits_close(logits[b, 0], alone[b].feed([y])[0], "fp16"), b
+        ys = [int(t) for t in mx.argmax(logits[:, 0], axis=-1).tolist()]
+
+
+def test_a_model_whose_rows_do_not_batch_decodes_one_at_a_time() -> None:
+    """gemma2 with grouped keys broadcasts a batch's (B, 1, n, columns) mask against its
+    own 5-axis scores, so its rows batched are not its rows alone: the probe finds it,
+    and the lane takes one row at a time instead of answering wrong."""
+    model = _gemma2(kv_heads=2)
+    with pytest.raises(Unbatchable):
+        RowsCache.for_model(model, "fp16")
+    assert isinstance(lane_cache(model, "fp16"), OneRow)
