@@ -3,7 +3,7 @@
 mlx-lm's attention layers call `scaled_dot_product_attention(queries, keys, values,
 cache=, scale=, mask=)`, a name each model module imports from `mlx_lm.models.base`,
 with the keys and values its cache's `update_and_fetch` returned.  A batch held in
-segments (`seatd.segments`) returns `Ragged` keys and values: each segment's rows and
+segments (`seatd.kv_segments`) returns `Ragged` keys and values: each segment's rows and
 the view of its buffer from its own first column.  `install(model)` rebinds that name,
 in the modules the model's layers come from, to `attention`, which runs mlx-lm's own
 function once per segment (the quantized path included) on the segment's rows, its

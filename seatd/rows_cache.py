@@ -16,7 +16,7 @@ are squeezed out (`compact`) when they grow past `SLACK` columns.
     batch.roll_back(keeps)                     after a verify: each row keeps its first keeps[b]
     batch.drop(keep)                           rows that finished leave
 
-The rows' keys and values lie in segments (`seatd.segments`): consecutive rows with a
+The rows' keys and values lie in segments (`seatd.kv_segments`): consecutive rows with a
 buffer of their own, which begins at the segment's first column.  A joining row's
 prefilled buffer becomes a segment as it is, so joining copies nothing, and a long row
 beside short ones neither moves their KV nor widens their attention
@@ -50,8 +50,8 @@ from mlx_lm.models import cache as mlx_cache
 
 from seatd import recurrent, rows_attention
 from seatd.decode import make_cache
+from seatd.kv_segments import SEGMENT_COST, merge_runs
 from seatd.rows_attention import Ragged
-from seatd.segments import SEGMENT_COST, merge_runs
 
 log = structlog.get_logger()
 
@@ -436,7 +436,7 @@ class RowsCache:
         self._settled = False
 
     def _settle(self) -> None:
-        """Merge the segments that one buffer holds for less (`seatd.segments`); all of
+        """Merge the segments that one buffer holds for less (`seatd.kv_segments`); all of
         them where the model's layers cannot attend segment by segment."""
         if self._settled:
             return

@@ -13,8 +13,8 @@ from mlx_lm.models import cache as mlx_cache
 
 from seatd import recurrent
 from seatd.decode import make_cache
+from seatd.kv_segments import SEGMENT_COST
 from seatd.rows_cache import OneRow, RowsCache, Unbatchable, lane_cache
-from seatd.segments import SEGMENT_COST
 from tests.lanes import logits_close
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22], [30, 31, 32, 33, 34, 35]]

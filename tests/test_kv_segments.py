@@ -1,10 +1,10 @@
-"""Which segments of a batch share a buffer: `seatd.segments.merge_runs`."""
+"""Which segments of a batch share a buffer: `seatd.kv_segments.merge_runs`."""
 
 from __future__ import annotations
 
 import pytest
 
-from seatd.segments import merge_runs
+from seatd.kv_segments import merge_runs
 
 
 @pytest.mark.parametrize(("segs", "width", "fixed", "runs"), [
