@@ -291,13 +291,22 @@ def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
                            lambda *_: None, lambda: False,
                            lambda w, r, e: results.__setitem__(w.request.request_id, r)))
 
+    apart = 0  # the most KV segments a lane held: rows ~900 tokens apart keep two
+
+    def step() -> None:
+        nonlocal apart
+        engine.step()
+        apart = max([apart, *(getattr(lane.cache, "segments", 1)
+                              for lane in engine.lanes.values())])
+
     submit("short")
     submit("long")
     while not any(r.rid == "long" for lane in engine.lanes.values() for r in lane.rows):
-        engine.step()
+        step()
     submit("late")
     while len(results) < 3:
-        engine.step()
+        step()
+    assert apart >= 2
     n_long = len(prompts["long"]) - 1
     cohort = [(done, n, kept) for rows, done, n, decoding, kept in pieces
               if rows == "long" and decoding]
