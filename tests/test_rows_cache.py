@@ -254,11 +254,25 @@ def test_a_model_that_cannot_attend_by_segment_keeps_one_buffer() -> None:
         ys = [int(t) for t in mx.argmax(logits[:, 0], axis=-1).tolist()]
 
 
-def test_a_model_whose_rows_do_not_batch_decodes_one_at_a_time() -> None:
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16], ids=["float32", "bfloat16"])
+def test_a_model_whose_rows_do_not_batch_decodes_one_at_a_time(dtype: mx.Dtype) -> None:
     """gemma2 with grouped keys broadcasts a batch's (B, 1, n, columns) mask against its
     own 5-axis scores, so its rows batched are not its rows alone: the probe finds it,
-    and the lane takes one row at a time instead of answering wrong."""
+    in float32 and in a 16-bit dtype (where it allows more for rounding), and the lane
+    takes one row at a time instead of answering wrong."""
     model = _gemma2(kv_heads=2)
+    model.set_dtype(dtype)
     with pytest.raises(Unbatchable):
         RowsCache.for_model(model, "fp16")
     assert isinstance(lane_cache(model, "fp16"), OneRow)
+
+
+def test_a_16_bit_model_batches_in_segments() -> None:
+    """The probe's allowance for 16-bit rounding does not cost a 16-bit model its
+    segments: the demo computing in bfloat16 (the dtype a GPU keeps) batches apart."""
+    from seatd.model_load import load_for_compute
+    from shared.builtin import resolve_model
+
+    model = load_for_compute(resolve_model("builtin:demo"), "bfloat16").model
+    for kv in ("fp16", "q8"):
+        assert RowsCache.for_model(model, kv).ragged, kv
