@@ -62,7 +62,8 @@ Parts = list[mx.array]  # one buffer: [keys] or a quantized one's [data, scales,
 
 
 class Unbatchable(Exception):
-    """The model has a layer cache this batch cannot hold (sliding windows, ...)."""
+    """The model has a layer cache this batch cannot hold (sliding windows, ...), or its
+    rows batched do not decode as they do alone (`_probe`)."""
 
 
 @dataclass
@@ -121,11 +122,11 @@ class RowsKV:
         for i, seg in enumerate(lay.segs):
             b = a + seg.rows
             local = start - seg.col
-            self.keys[i] = _write(self.keys[i], k if whole else [p[a:b] for p in k], local)
-            self.values[i] = _write(self.values[i], v if whole else [p[a:b] for p in v],
-                                    local)
-            out_k.append((a, b, seg.col, self._view(self.keys[i] or [], local + n)))
-            out_v.append((a, b, seg.col, self._view(self.values[i] or [], local + n)))
+            kp = _write(self.keys[i], k if whole else [p[a:b] for p in k], local)
+            vp = _write(self.values[i], v if whole else [p[a:b] for p in v], local)
+            self.keys[i], self.values[i] = kp, vp
+            out_k.append((a, b, seg.col, self._view(kp, local + n)))
+            out_v.append((a, b, seg.col, self._view(vp, local + n)))
             a = b
         if whole:  # one buffer from column 0: mlx-lm's own attention, as a row alone
             return out_k[0][3], out_v[0][3]
