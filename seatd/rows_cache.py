@@ -15,6 +15,12 @@ are squeezed out (`compact`) when they grow past `SLACK` columns.
     batch.begin(counts, n) / forward / batch.end()   one step; counts = real tokens per row
     batch.roll_back(keeps)                     after a verify: each row keeps its first keeps[b]
     batch.drop(keep)                           rows that finished leave
+    batch.begin(counts, n, Rider(cache, offset, rows))   a joining prompt rides the step
+
+A joining prompt's next tokens may ride a step (`Rider`): `rows` extra rows of the step's
+`n` tokens after the batch's, at their own positions, whose keys and values go to the
+prompt's own single-row cache and attend to it causally (`seatd.rows_attention`), as a
+prefill forward of its own would compute them, with the weights read once for both.
 
 The rows' keys and values lie in segments (`seatd.kv_segments`): consecutive rows with a
 buffer of their own, which begins at the segment's first column.  A joining row's
@@ -25,7 +31,9 @@ before the next step.  The first batch of a model probes it (`_probe`: two rows 
 different lengths, one step, each against itself alone): a model whose layers cannot
 attend segment by segment keeps one segment (every join then copies the rows into one
 buffer), and one whose rows batched do not decode as they do alone is `Unbatchable`
-(its lane takes one row at a time, `OneRow`).
+(its lane takes one row at a time, `OneRow`); a model that attends by segment is also
+probed with a prompt riding (`_rides`), and takes riders only where that prompt then
+decodes as it does prefilled alone.
 
 Recurrent layers (a hybrid model's gated-delta state) are mlx-lm's `ArraysCache` with B
 rows: padding is masked with its `lengths`, and rolling back restores each row's own
@@ -51,7 +59,7 @@ from mlx_lm.models import cache as mlx_cache
 from seatd import recurrent, rows_attention
 from seatd.decode import make_cache
 from seatd.kv_segments import SEGMENT_COST, merge_runs
-from seatd.rows_attention import Ragged
+from seatd.rows_attention import Ragged, fold
 
 log = structlog.get_logger()
 
@@ -73,6 +81,28 @@ class Seg:
 
     rows: int
     col: int
+
+
+KV_LAYERS = (mlx_cache.KVCache, mlx_cache.QuantizedKVCache)
+
+
+@dataclass
+class Rider:
+    """A joining prompt's next tokens carried by a batch step (`RowsCache.begin`):
+    `rows` rows of the step's n tokens each, placed after the batch's rows, at positions
+    from `offset`; their keys and values go to the prompt's own single-row cache
+    (`layers`, mlx-lm's KV caches in the model's layer order, holding `offset` tokens),
+    and they attend to it causally, as the same tokens in a prefill forward of their
+    own would.  The step reads the weights once for the batch and the prompt."""
+
+    layers: list[Any]
+    offset: int
+    rows: int
+
+    @property
+    def state(self) -> list[mx.array]:
+        """Its caches' arrays, to evaluate with the step."""
+        return [a for c in self.layers for a in c.state if a is not None]
 
 
 def _grow(parts: Parts, need: int) -> Parts:
@@ -98,6 +128,7 @@ class RowsKV:
         self.layout = layout
         self.keys: list[Parts | None] = []  # per segment; None: its rows hold no KV yet
         self.values: list[Parts | None] = []
+        self.rider: Any = None  # the riding prompt's cache of this layer, for one step
 
     # -- mlx-lm's cache protocol, as the attention layers call it --------------
 
@@ -114,8 +145,13 @@ class RowsKV:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:
         lay = self.layout
         start, n = lay.idx, keys.shape[2]
+        rider, rider_keys, rider_values = self.rider, None, None
+        if rider is not None:  # the batch's last rows are a prompt's: its own cache
+            B = lay.rows
+            rider_keys, rider_values = rider.update_and_fetch(fold(keys[B:]), fold(values[B:]))
+            keys, values = keys[:B], values[:B]
         k, v = self._pack(keys), self._pack(values)
-        whole = len(lay.segs) == 1
+        whole = len(lay.segs) == 1 and rider is None
         out_k: list[tuple[int, int, int, Any]] = []
         out_v: list[tuple[int, int, int, Any]] = []
         a = 0
@@ -130,7 +166,10 @@ class RowsKV:
             a = b
         if whole:  # one buffer from column 0: mlx-lm's own attention, as a row alone
             return out_k[0][3], out_v[0][3]
-        return Ragged(tuple(out_k)), Ragged(tuple(out_v))
+        if rider is None:
+            return Ragged(tuple(out_k)), Ragged(tuple(out_v))
+        return (Ragged(tuple(out_k), lay.rows, rider_keys, rider),
+                Ragged(tuple(out_v), lay.rows, rider_values, rider))
 
     def make_mask(self, N: int, return_array: bool = False, **_: Any) -> mx.array | str | None:
         return self.layout.mask(N)
@@ -256,10 +295,13 @@ class Layout:
     def rows(self) -> int:
         return int(self.valid.shape[0])
 
-    def begin(self, counts: Sequence[int], n: int) -> None:
+    def begin(self, counts: Sequence[int], n: int, riding: Sequence[int] = ()) -> None:
+        """A step of `n` tokens per row, counts[b] of them row b's own; `riding`: the
+        positions of a riding prompt's rows, which follow the batch's."""
         step = np.arange(n)[None, :] < np.asarray(counts, dtype=np.int64)[:, None]
         self._step, self._n = step, n
-        self.positions = mx.array(self.pos.astype(np.int32))
+        self.positions = mx.array(np.concatenate(
+            [self.pos, np.asarray(riding, dtype=np.int64)]).astype(np.int32))
         if len(self.segs) == 1 and self.valid.all() and step.all():
             # No padding, no holes: mlx-lm's own masks (none for one token, "causal"
             # otherwise), so a row alone computes exactly what a request alone does.
@@ -289,7 +331,7 @@ class Layout:
 
 # How a model's rows batch, probed once per model and lane (`_probe`): by id, with a
 # weak reference that proves the id is still that model's.
-RAGGED, MERGED, UNBATCHABLE = "ragged", "merged", "unbatchable"
+RIDING, RAGGED, MERGED, UNBATCHABLE = "riding", "ragged", "merged", "unbatchable"
 _PROBED: dict[tuple[int, str], tuple[weakref.ref[Any], str]] = {}
 
 
@@ -302,6 +344,7 @@ class RowsCache:
         self.layers = layers
         self.layout = layout
         self.ragged = ragged  # segments may stay apart (else every join merges)
+        self.riding = False  # a prompt may ride a step (`Rider`; the probe found it can)
         self.segment_cost = SEGMENT_COST  # row-columns a segment's own operations cost
         self._settled = True
 
@@ -316,7 +359,8 @@ class RowsCache:
         if known[1] == UNBATCHABLE:
             raise Unbatchable(f"{type(model).__module__}: rows batched do not decode as "
                               "they do alone")
-        batch.ragged = known[1] == RAGGED
+        batch.ragged = known[1] in (RAGGED, RIDING)
+        batch.riding = known[1] == RIDING
         return batch
 
     @classmethod
@@ -370,10 +414,22 @@ class RowsCache:
 
     # -- steps ----------------------------------------------------------------
 
-    def begin(self, counts: Sequence[int], n: int) -> None:
-        """Before a forward of `n` tokens per row, of which counts[b] are row b's own."""
+    def begin(self, counts: Sequence[int], n: int, rider: Rider | None = None) -> None:
+        """Before a forward of `n` tokens per row, of which counts[b] are row b's own;
+        `rider`: a prompt whose next `rider.rows * n` tokens follow as rows of their own
+        (the forward's input has them after the batch's rows)."""
         self._settle()
-        self.layout.begin(counts, n)
+        riding: list[int] = []
+        if rider is not None:
+            if not self.riding:
+                raise ValueError("this batch's model takes no riding prompt")
+            riding = [rider.offset + i * n for i in range(rider.rows)]
+            if self.recurrent_layers or len(rider.layers) != len(self.layers) \
+                    or any(type(c) not in KV_LAYERS for c in rider.layers):
+                raise ValueError("a riding prompt needs KV caches for every layer")
+            for layer, theirs in zip(self.kv_layers, rider.layers, strict=True):
+                layer.rider = theirs
+        self.layout.begin(counts, n, riding)
         ragged = any(c != n for c in counts)
         for c in self.recurrent_layers:
             c.lengths = mx.array(list(counts), dtype=mx.int32) if ragged else None
@@ -382,6 +438,8 @@ class RowsCache:
         self.layout.end()
         for c in self.recurrent_layers:
             c.lengths = None
+        for layer in self.kv_layers:
+            layer.rider = None
 
     def roll_back(self, keeps: Sequence[int], n: int) -> None:
         """After a step of `n` tokens per row: row b keeps the first keeps[b] of them.
@@ -572,12 +630,53 @@ def _probe(model: Any, kv: str, routed: bool) -> str:
                 logits = model(mx.array([t[-1:] for t in PROBE_ROWS]), cache=batch.layers)
             batch.end()
             if all(_agree(logits[b, -1], a) for b, a in enumerate(alone)):
-                return mode
+                return RIDING if mode == RAGGED and _rides(model, kv) else mode
         except Exception as exc:  # this mode cannot: the next, else one row at a time
             log.warning("rows_probe_failed", model=type(model).__module__, kv=kv,
                         mode=mode, error=repr(exc))
     log.warning("rows_unbatchable", model=type(model).__module__, kv=kv)
     return UNBATCHABLE
+
+
+RIDE_ROWS = ([1, 2, 3, 4, 5], [6, 7, 15])  # rows of different lengths, 2 tokens a step
+RIDE_PROMPT = [8, 9, 10, 11, 12, 13, 14]  # 2 tokens prefilled, 4 riding, 1 decoded
+
+
+def _rides(model: Any, kv: str) -> bool:
+    """Whether a prompt riding a step (`Rider`) holds what a prefill of its own would:
+    the probe's rows take a step of 2 tokens each with 2 rows of the prompt's riding,
+    then the prompt's last token is decoded from its cache and compared with the same
+    prompt prefilled alone; the rows' logits too."""
+    if any(type(c) not in KV_LAYERS for c in make_cache(model, kv)):
+        return False  # recurrent layers take a prompt's tokens in order, never as rows
+    try:
+        alone = make_cache(model, kv)
+        model(mx.array([RIDE_PROMPT[:-1]]), cache=alone)
+        want = model(mx.array([RIDE_PROMPT[-1:]]), cache=alone)[0, -1]
+        rows = []
+        for tokens in RIDE_ROWS:
+            cache = make_cache(model, kv)
+            model(mx.array([tokens[:-2]]), cache=cache)
+            rows.append(model(mx.array([tokens[-2:]]), cache=cache)[0, -1])
+        batch = RowsCache._empty(model, kv)
+        batch.ragged = batch.riding = True
+        batch.segment_cost = 0
+        for tokens in RIDE_ROWS:
+            row = make_cache(model, kv)
+            model(mx.array([tokens[:-2]]), cache=row)
+            batch.join(row, len(tokens) - 2)
+        prompt = make_cache(model, kv)
+        model(mx.array([RIDE_PROMPT[:2]]), cache=prompt)
+        batch.begin([2] * len(RIDE_ROWS), 2, Rider(prompt, 2, 2))
+        x = mx.array([t[-2:] for t in RIDE_ROWS] + [RIDE_PROMPT[2:4], RIDE_PROMPT[4:6]])
+        logits = model(x, cache=batch.layers)
+        batch.end()
+        got = model(mx.array([RIDE_PROMPT[-1:]]), cache=prompt)[0, -1]
+        return _agree(got, want) and all(_agree(logits[b, -1], a) for b, a in enumerate(rows))
+    except Exception as exc:  # a model that cannot: prompts prefill in forwards of their own
+        log.warning("rows_ride_probe_failed", model=type(model).__module__, kv=kv,
+                    error=repr(exc))
+        return False
 
 
 def _agree(a: mx.array, b: mx.array) -> bool:
@@ -635,8 +734,8 @@ class OneRow:
                 continue
         return total
 
-    def begin(self, counts: Sequence[int], n: int) -> None:
-        assert len(counts) == 1 and counts[0] == n
+    def begin(self, counts: Sequence[int], n: int, rider: Rider | None = None) -> None:
+        assert len(counts) == 1 and counts[0] == n and rider is None
 
     def end(self) -> None:
         pass

@@ -14,7 +14,7 @@ from mlx_lm.models import cache as mlx_cache
 from seatd import recurrent
 from seatd.decode import make_cache
 from seatd.kv_segments import SEGMENT_COST
-from seatd.rows_cache import OneRow, RowsCache, Unbatchable, lane_cache
+from seatd.rows_cache import OneRow, Rider, RowsCache, Unbatchable, lane_cache
 from tests.lanes import logits_close
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22], [30, 31, 32, 33, 34, 35]]
@@ -219,6 +219,50 @@ def test_a_long_row_joins_without_a_copy(lane: tuple[Any, str]) -> None:
     assert batch.segments == 1 and batch.layout.idx < 600
     logits = _step(batch, model, [[3], [4]])
     for b, y in enumerate([3, 4]):
+        assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), ("after", b)
+
+
+def test_a_prompt_riding_the_rows_steps_holds_its_own_prefill(lane: tuple[Any, str],
+                                                                batch_of: Any) -> None:
+    """A joining prompt's tokens ride the rows' steps as rows of their own (three in a
+    one-token step, two of two tokens in a verify step, one where the step takes
+    two): the rows' logits are theirs alone, and once the prompt is in, it joins and
+    decodes as the same prompt prefilled by itself.  A hybrid model's recurrent layers
+    take a prompt in order: its batch never takes a rider."""
+    model, kv = lane
+    batch = batch_of(model, kv)
+    prompt = list(range(100, 114))  # 4 prefilled, 3 + 4 + 2 ride, then its last token
+    if not batch.riding:
+        assert batch.recurrent_layers, "a plain-attention model's batch takes riders"
+        with pytest.raises(ValueError):
+            batch.begin([1], 1, Rider(make_cache(model, kv), 0, 1))
+        return
+    alone = [Alone(model, kv, p) for p in PROMPTS[:2]]
+    for p in PROMPTS[:2]:
+        _join(batch, model, kv, p)
+    own = make_cache(model, kv)
+    model(mx.array([prompt[:4]]), cache=own)
+    done = 4
+    ys = [PROMPTS[0][-1], PROMPTS[1][-1]]
+    for blocks, rows in (([[ys[0]], [ys[1]]], 3), ([[ys[0], 7], [ys[1], 9]], 2),
+                         ([[8, 5], [11]], 1)):
+        n = max(len(b) for b in blocks)
+        riding = prompt[done : done + rows * n]
+        x = mx.array([b + [0] * (n - len(b)) for b in blocks]
+                     + [riding[i * n : (i + 1) * n] for i in range(rows)])
+        batch.begin([len(b) for b in blocks], n, Rider(own, done, rows))
+        logits = model(x, cache=batch.layers)
+        batch.end()
+        for b, block in enumerate(blocks):
+            assert logits_close(logits[b, : len(block)], alone[b].feed(block), kv), (n, b)
+        done += rows * n
+        assert own[0].offset == done
+    assert done == len(prompt) - 1
+    batch.join(own, done)
+    logits = _step(batch, model, [[1], [2], [prompt[-1]]])
+    whole = Alone(model, kv, prompt)
+    assert logits_close(logits[2, 0], whole.feed([prompt[-1]])[0], kv)
+    for b, y in enumerate([1, 2]):
         assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), ("after", b)
 
 
