@@ -7,7 +7,8 @@ Runs on the worker's MLX thread, one step at a time:
     prefill   one forward over a group of joining rows at one offset, their caches
               stacked (`seatd.prefill_rows`): a chunk of each prompt (on the
               `PREFILL_CHUNK` grid, whole chunks for a row alone), between the others'
-              steps, within a measured time per step;
+              steps, within a measured time per step; or a prompt joining rows that
+              decode rides their step (`ride`);
     decode    one forward over every decoding row of a lane: plain (one token per row,
               the next step scheduled before this one's tokens are read) or a verify
               step (rows that draft feed their block, the others one token, padded);
@@ -24,6 +25,20 @@ proposal; a row with nothing to shape has no `Shaper` and costs nothing.  A row 
 grammar has its token read (and consumed into the grammar) before its next step, and a
 draft is cut at its first token the grammar forbids.  Rows that ask for
 log-probabilities get them from their raw logits at each token taken.
+
+A prompt that joins rows already decoding is prefilled at their pace: a chunk per
+step, so that their inter-token gaps grow by a bounded share.  A forward of its own
+reads every weight again (on this CPU 20 ms of a 7-row step's 50, on a GPU most of a
+decode step), so where the lane's model can (`seatd.rows_cache.Rider`, probed) the chunk
+rides the rows' own step instead: its tokens are extra rows of the same forward,
+`rows x n` tokens for a step of `n` tokens per row, writing the prompt's own cache and
+attending to it causally.  How many tokens ride is measured, not assumed: what riding
+tokens were measured to add to the rows' steps, per token (`seatd.prefill_rows.
+RideCost`), and as many ride as fit the same share of the rows' step time; where a
+forward of the prompt's own fits more in it, by its measured cost, the chunk takes that
+instead (`ride_tokens`).  A prompt that cannot ride (a
+solo row, a cohort of several, a recurrent model, a chunk narrower than the step) takes
+a forward of its own.
 
 Whether a step speculates is decided per step (`seatd.batch_policy`): alone, a row
 follows its request's adaptive depth as a single request does; in a batch, a verify
@@ -54,7 +69,7 @@ import structlog
 from seatd import prefill_rows, recurrent
 from seatd.adaptive import DepthStats, RoundPolicy, observe, park_tokens
 from seatd.answer import Answer
-from seatd.batch_policy import StepCosts, paced, plan_step
+from seatd.batch_policy import StepCosts, paced, plan_step, ride_tokens
 from seatd.decode import (
     PREFILL_CHUNK,
     DecodeResult,
@@ -66,8 +81,8 @@ from seatd.decode import (
 from seatd.drafter_choice import Choice, choose
 from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.kv_budget import KVBudget
-from seatd.prefill_rows import PrefillCost, stack, stackable, take
-from seatd.rows_cache import SLACK, OneRow, RowsCache, lane_cache
+from seatd.prefill_rows import PrefillCost, RideCost, stack, stackable, take
+from seatd.rows_cache import KV_LAYERS, SLACK, OneRow, Rider, RowsCache, lane_cache
 from seatd.rows_drafter import Ask, RowsDrafter
 from seatd.sampling import Draws, Keyed, draws_for
 from seatd.shaping import Matcher, Shaper, logprob_arrays, token_logprobs
@@ -80,9 +95,13 @@ log = structlog.get_logger()
 Emit = Callable[[str, int, str, Sequence[int], Sequence[TokenLogprob]], None]
 
 # Beside decoding rows a prefill step may take this share of their step time: their
-# inter-token gaps grow by less than that while a prompt joins.
+# inter-token gaps grow by less than that while a prompt joins.  Half, not more: their
+# p99 gap is to stay under twice what it was, and steps jitter by a third at p99 on a
+# busy machine (1.5 x 1.3 < 2); a riding prompt's tokens cost no fixed part, so half a
+# step still moves a long prompt on.
 PREFILL_SHARE = 0.8
 PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
+
 
 
 class RowCancelled(Exception):
@@ -207,6 +226,20 @@ class Lane:
     step_s: float | None = None  # its steps' wall time, plain or verify: moving average
     drafter: RowsDrafter | None = None  # its rows' model drafters, drafting together
     drafter_off: bool = False  # their drafter model cannot batch, or the batch failed
+    rode: Aboard | None = None  # its last plain step carried a prompt, timed by the next
+
+
+@dataclass
+class Aboard:
+    """A prompt that rode a step: its group, the tokens that rode; what the step took
+    beyond the rows' own cost (a plain step's forward is timed by the step after it,
+    which waits for it) and what the prompt's own bookkeeping took after it
+    (`Engine._ridden`)."""
+
+    group: Group
+    tokens: int
+    added: float | None = None
+    host: float | None = None
 
 
 class Engine:
@@ -231,6 +264,14 @@ class Engine:
         self.batch_sizes: dict[int, int] = {}  # steps seen at each batch size
         self.kv_bytes = 0  # the batch's KV now, refreshed after every step
         self.prefill_cost = PrefillCost()
+        # Riding (`_board`): the group offered to its lane's next step, and the tokens
+        # that rode it (None: none did) with what they added to the step; whether the
+        # last step carried any; what riding tokens add to a step, fitted as a prefill's
+        # cost is.
+        self._offer: Group | None = None
+        self._aboard: Aboard | None = None
+        self._rode = False
+        self.ride_cost = RideCost()
         # Requests reaching the engine and rows beginning to decode, in one order (any
         # thread: next() on a count holds the GIL): which rows were already decoding
         # when a request arrived (`batch_policy.paced`).
@@ -287,13 +328,22 @@ class Engine:
         self._admit()
         self._cancels()
         worked = False
-        if self.groups:
+        self._offer, self._aboard = self._rider(), None
+        if self.groups and self._offer is None:
             self._prefill()
             worked = True
-        for kv, lane in list(self.lanes.items()):
+        for lane in list(self.lanes.values()):
             if lane.rows:
                 self._decode(lane)
                 worked = True
+        if self._offer is not None:
+            worked = True
+            if self._aboard is None:  # it could not ride: a forward of its own
+                self._prefill()
+            else:
+                self._ridden(self._aboard)
+        self._offer, self._rode = None, self._aboard is not None
+        for kv, lane in list(self.lanes.items()):
             if not lane.rows and not any(r.lane == kv for r in self.joining):
                 del self.lanes[kv]
         self.kv_bytes = sum(lane.cache.nbytes for lane in self.lanes.values()) + sum(
@@ -443,6 +493,63 @@ class Engine:
         waiting = len(self.joining) / sum(len(lane.rows) for lane in decoding)
         return max(PREFILL_SHARE, waiting) * sum(lane.step_s or 0.0 for lane in decoding)
 
+    # -- riding ---------------------------------------------------------------
+
+    def _rider(self) -> Group | None:
+        """The group that rides its lane's next step: the one the next prefill would
+        take, where it is one row keeping to the decoding rows' pace, in a lane whose
+        model can carry it (`RowsCache.riding`)."""
+        if not self.groups:
+            return None
+        self._merge()
+        group = min(self.groups, key=lambda g: g.done)
+        lane = self.lanes.get(group.lane)
+        if (len(group.rows) != 1 or group.alone or group.rows[0].work.fault
+                or lane is None or not lane.rows or not isinstance(lane.cache, RowsCache)
+                or not lane.cache.riding
+                or any(type(c) not in KV_LAYERS for c in group.cache)
+                or self._prefill_time(group) is None):
+            return None
+        return group
+
+    def _board(self, lane: Lane, block: mx.array, n: int) -> tuple[mx.array, Rider | None]:
+        """The step's input with the offered prompt's next tokens as rows of `n` after
+        the batch's, and its `Rider`; the block as it was where none rides."""
+        group = self._offer
+        if group is None or self.lanes.get(group.lane) is not lane or self._aboard:
+            return block, None
+        seconds = self._prefill_time(group) or 0.0
+        ride = self.ride_cost.tokens_within(seconds)
+        own = self.prefill_cost.tokens_within(seconds, group.done, 1, 0) or 0
+        m = ride_tokens(ride, own, self._chunk(group, PREFILL_CHUNK), n, PREFILL_FLOOR)
+        if m == 0:
+            return block, None
+        row = group.rows[0]
+        tokens = mx.array(row.work.prompt[group.done : group.done + m], dtype=mx.uint32)
+        self._aboard = Aboard(group, m)
+        return (mx.concatenate([block, tokens.reshape(m // n, n)]),
+                Rider(group.cache, group.done, m // n))
+
+    def _ridden(self, aboard: Aboard) -> None:
+        """After the step a prompt rode: its tokens are in its cache; what they added to
+        the step, and what its own bookkeeping took (its drafter's prefill), is their
+        cost (`ride_cost`)."""
+        group, m = aboard.group, aboard.tokens
+        started = time.perf_counter()
+        try:
+            self._advance(group, m, True)
+        except Exception as exc:  # its own bookkeeping failed: the rows decoding go on
+            log.exception("row_prefill_failed", request_ids=[r.rid for r in group.rows])
+            self._end_group(group, exc)
+        if not group.rows and group in self.groups:
+            self.groups.remove(group)
+        aboard.host = time.perf_counter() - started
+        self._ride_measured(aboard)
+
+    def _ride_measured(self, aboard: Aboard) -> None:
+        if aboard.added is not None and aboard.host is not None:
+            self.ride_cost.observe(aboard.tokens, aboard.added + aboard.host)
+
     def _row_tokens(self, group: Group) -> int:
         """Prompt tokens each row of this group may take in this step."""
         if group.alone and (group.rows[0].solo or not self._decoding()):
@@ -491,20 +598,25 @@ class Engine:
                 self._prefill_group(group)
         except Exception as exc:  # this group's prefill failed: the other rows go on
             log.exception("row_prefill_failed", request_ids=[r.rid for r in group.rows])
-            if group in self.groups:
-                self.groups.remove(group)
-            for row in group.rows:
-                if row in self.joining:
-                    self.joining.remove(row)
-                self._finish(row, exc)
+            self._end_group(group, exc)
         if not group.rows and group in self.groups:
             self.groups.remove(group)
 
-    def _chunk(self, group: Group) -> int:
+    def _end_group(self, group: Group, error: BaseException) -> None:
+        if group in self.groups:
+            self.groups.remove(group)
+        for row in group.rows:
+            if row in self.joining:
+                self.joining.remove(row)
+            self._finish(row, error)
+
+    def _chunk(self, group: Group, budget: int | None = None) -> int:
         """Tokens for every row of the group in this step: on the chunk grid, at no row's
-        cut or keep point crossed, and no further than a group ahead of it (to merge)."""
+        cut or keep point crossed, and no further than a group ahead of it (to merge);
+        within `budget` (None: the prefill step's own, `_row_tokens`)."""
         done = group.done
-        limits = [PREFILL_CHUNK - done % PREFILL_CHUNK, self._row_tokens(group)]
+        limits = [PREFILL_CHUNK - done % PREFILL_CHUNK,
+                  self._row_tokens(group) if budget is None else budget]
         for row in group.rows:
             limits.append(len(row.work.prompt) - 1 - done)
             resume = row.work.resume
@@ -519,21 +631,27 @@ class Engine:
 
     def _prefill_group(self, group: Group) -> None:
         n = self._chunk(group)
-        decoding = self._decoding()
         started = time.perf_counter()
         if n > 0:
             block = mx.array([r.work.prompt[group.done : group.done + n] for r in group.rows],
                              dtype=mx.uint32)
             self.model(block, cache=group.cache)  # only the cache is evaluated: no logits
             mx.eval([c.state for c in group.cache])
-            group.done += n
+        self._advance(group, n, self._decoding(), started)
+
+    def _advance(self, group: Group, n: int, decoding: bool,
+                 started: float | None = None) -> None:
+        """The group's caches hold `n` more prompt tokens: keep points, the rows'
+        drafters, and the rows whose prompts are in join their lane.  `started`: the
+        prefill forward's start, for its cost (`prefill_cost`; a ride's is `_ridden`'s)."""
+        group.done += n
         for b, row in enumerate(group.rows):
             resume = row.work.resume
             if resume is not None and resume.keep is not None and group.done == resume.keep_at:
                 resume.keep(take(group.cache, b) if len(group.rows) > 1 else group.cache)
             # Nobody waits on it: the drafter takes whole chunks, as a request alone's.
             self._drafter_prefill(row, max(n, PREFILL_FLOOR) if decoding else PREFILL_CHUNK)
-        if n > 0:
+        if n > 0 and started is not None:
             self.prefill_cost.observe(n * len(group.rows), group.done - n / 2,
                                       time.perf_counter() - started)
         ready = [b for b, r in enumerate(group.rows)
@@ -652,9 +770,27 @@ class Engine:
             lane.drafter = None
             return
         elapsed = time.perf_counter() - started
-        self.costs.observe(B, max(depths) + 1 if any(depths) else 1, elapsed)
-        lane.step_s = elapsed if lane.step_s is None else 0.8 * lane.step_s + 0.2 * elapsed
-        if B == 1 and lane.rows:  # a request alone: its round times are the seat's figures
+        # A step a prompt rode, or the one after (a plain step's time is its forerunner's
+        # forward), is not the rows' own cost: speculation and pacing never read it; what
+        # the step took beyond the rows' own is the ride's.
+        own = self._aboard is None and not self._rode
+        width = max(depths) + 1 if any(depths) else 1
+        base = self.costs.time(B, width)
+        if lane.rode is not None:  # a plain step's time is its forerunner's forward
+            if width == 1 and base is not None:
+                lane.rode.added = max(0.0, elapsed - base)
+                self._ride_measured(lane.rode)
+            lane.rode = None
+        if self._aboard is not None:
+            if width == 1:
+                lane.rode = self._aboard
+            elif base is not None:  # a verify step waits for its own forward
+                self._aboard.added = max(0.0, elapsed - base)
+        if own:
+            self.costs.observe(B, max(depths) + 1 if any(depths) else 1, elapsed)
+            lane.step_s = elapsed if lane.step_s is None else 0.8 * lane.step_s + 0.2 * elapsed
+        # A request alone: its round times are the seat's figures.
+        if B == 1 and lane.rows and own:
             row = lane.rows[0]
             if costs is not None and parts is not None and parts[2] > 1:
                 by_lookup = row.by_lookup or getattr(spec.drafter if spec is not None else None,
@@ -836,12 +972,12 @@ class Engine:
         self._read(rows, [b for b, r in enumerate(rows) if r.unread and r.grammar is not None])
         masks = self._masks(rows)
         feeds = [r.feed for r in rows]
-        x = mx.concatenate(feeds)[:, None]  # type: ignore[arg-type]
-        lane.cache.begin([1] * B, 1)
-        logits = self.model(x, cache=lane.cache.layers)[:, -1, :]
+        x, rider = self._board(lane, mx.concatenate(feeds)[:, None], 1)  # type: ignore[arg-type]
+        lane.cache.begin([1] * B, 1, rider)
+        logits = self.model(x, cache=lane.cache.layers)[:B, -1, :]
         lane.cache.end()
         new = self._sample(logits, rows, masks)
-        pending = [new]
+        pending = [new, *(rider.state if rider is not None else ())]
         new_lps: list[tuple[mx.array, ...] | None] = []
         for b, r in enumerate(rows):
             new_lps.append(None)
@@ -1006,12 +1142,13 @@ class Engine:
             mx.concatenate([r.feed, d.tokens[:lim], pad[: n - w]]) if lim  # type: ignore[list-item]
             else mx.concatenate([r.feed, pad[: n - 1]])  # type: ignore[list-item]
             for r, d, lim, w in zip(rows, drafts, limits, widths, strict=True)])
-        lane.cache.begin(widths, n)
+        block, rider = self._board(lane, block, n)
+        lane.cache.begin(widths, n, rider)
         if n > 1 and lane.cache.recurrent_layers:
             with recurrent.recording():
-                logits = self.model(block, cache=lane.cache.layers)  # (B, n, V)
+                logits = self.model(block, cache=lane.cache.layers)[: len(rows)]  # (B, n, V)
         else:
-            logits = self.model(block, cache=lane.cache.layers)
+            logits = self.model(block, cache=lane.cache.layers)[: len(rows)]
         lane.cache.end()
         verdicts: list[tuple[mx.array, mx.array]] = []
         for b, (r, d, lim, mask) in enumerate(zip(rows, drafts, limits, masks, strict=True)):

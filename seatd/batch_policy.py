@@ -5,6 +5,7 @@ by batch size and tokens per row, drafting included in a verify step's time):
 
     plan_step(wants, batch, costs) -> depth per row (all 0: a plain step)
     paced(arrived, began)          whether a joining group keeps to the decoding rows' pace
+    ride_tokens(ride, own, limit, n, first)   a joining prompt's tokens riding a step
 
 `wants[b]` is (depth, expected tokens) of row b's next round as its own request's
 policy sees it (`seatd.adaptive`): depth 0 means the row would decode plainly anyway.
@@ -102,3 +103,18 @@ def paced(arrived: int, began: Sequence[int]) -> bool:
     fills at once, instead of each prompt crawling in beside rows that then finish
     alone.  Counts, never a clock."""
     return any(b < arrived for b in began)
+
+
+def ride_tokens(ride: int | None, own: int, limit: int, n: int, first: int) -> int:
+    """Prompt tokens that ride a step of `n` tokens per row (`seatd.rows_cache.Rider`),
+    in whole rows of `n`: as many as the step's budget holds by what riding was measured
+    to cost (`ride`; None, never measured: `first`), within `limit` (the prompt's next
+    cut), at least one row.  0, and the chunk takes a forward of its own, where one row
+    of `n` crosses the limit or a forward of its own fits more tokens in the same budget
+    (`own`)."""
+    if limit < n or n < 1:
+        return 0
+    if ride is not None and own > ride:
+        return 0
+    want = first if ride is None else ride
+    return max(1, min(want, limit) // n) * n

@@ -130,6 +130,10 @@ def take(cache: Sequence[Any], index: int) -> list[Any]:
     return keep(cache, [index])
 
 
+RIDE_ALPHA = 0.3  # weight of a riding step in `RideCost`'s moving average
+RIDE_MAX = 512  # riding tokens in one step at most (a prefill chunk's)
+
+
 class PrefillCost:
     """A prefill step's time as fixed + per token + per token and context token (each
     prompt token attends to the tokens before it), fitted over the last WINDOW steps
@@ -154,17 +158,53 @@ class PrefillCost:
         """Prompt tokens per row one step of `rows` rows may take, their prompts `context`
         tokens in, so that it lasts about `seconds`; at least `floor`."""
         fit = self.fit()
-        if fit is None:
+        return None if fit is None else tokens_within(fit, seconds, context, rows, floor)
+
+
+def tokens_within(fit: tuple[float, float, float], seconds: float, context: float,
+                  rows: int, floor: int) -> int:
+    """`PrefillCost.tokens_within` for a given fit (fixed, per token, per token and
+    context token).  Pure."""
+    fixed, per, per_ctx = fit
+    # fixed + rows * T * (per + per_ctx * (context + T / 2)) = seconds, for T
+    a = rows * per_ctx / 2
+    b = rows * (per + per_ctx * context)
+    c = fixed - seconds
+    if c >= 0 or (a <= 0 and b <= 0):
+        return floor
+    t = -c / b if a <= 0 else (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
+    return max(floor, int(t))
+
+
+class RideCost:
+    """What a joining prompt's tokens add to a decode step they ride
+    (`seatd.rows_cache.Rider`): seconds per riding token, a moving average of what
+    riding steps took beyond the rows' own cost over the tokens that rode them.  No
+    per-token law is assumed: on this CPU a riding token's attention over a long
+    prompt costs several times a prefill chunk's per-token figure, and riding has a
+    fixed part of its own.  Steps sized by the average (`tokens_within`, rounded up)
+    converge on the count whose fixed and per-token parts fill the time, since a
+    fixed part spread over fewer tokens raises the average and over more lowers it."""
+
+    def __init__(self) -> None:
+        self.rate: float | None = None  # seconds per riding token; None: none measured
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """`tokens` rode a step, adding `seconds` to it."""
+        if tokens <= 0 or seconds < 0:
+            return
+        rate = seconds / tokens
+        self.rate = rate if self.rate is None \
+            else (1 - RIDE_ALPHA) * self.rate + RIDE_ALPHA * rate
+
+    def tokens_within(self, seconds: float) -> int | None:
+        """Tokens that may ride one step, adding about `seconds`; None before any ride
+        was measured."""
+        if self.rate is None:
             return None
-        fixed, per, per_ctx = fit
-        # fixed + rows * T * (per + per_ctx * (context + T / 2)) = seconds, for T
-        a = rows * per_ctx / 2
-        b = rows * (per + per_ctx * context)
-        c = fixed - seconds
-        if c >= 0:
-            return floor
-        t = -c / b if a <= 0 else (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
-        return max(floor, int(t))
+        if self.rate <= 0:
+            return RIDE_MAX
+        return min(RIDE_MAX, max(0, math.ceil(seconds / self.rate)))
 
 
 def fit_cost(steps: Sequence[tuple[int, float, float]]) -> tuple[float, float, float] | None:

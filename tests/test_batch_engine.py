@@ -262,7 +262,7 @@ def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
     """Prompts that arrived together are one cohort: once the shortest decodes, the
     others still prefill in whole chunks (no row had a pace of its own when they
     arrived), so the batch fills at once.  A prompt arriving while those rows decode
-    keeps to their pace.  Every answer is its own alone."""
+    keeps to their pace, riding their steps.  Every answer is its own alone."""
     from seatd import batch
     from seatd.decode import PREFILL_CHUNK
 
@@ -271,13 +271,21 @@ def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
     pieces: list[tuple[str, int, int, bool, bool]] = []
     real = batch.Engine._chunk
 
-    def watched(self: Engine, group: Any) -> int:
-        n = real(self, group)
+    def watched(self: Engine, group: Any, budget: int | None = None) -> int:
+        n = real(self, group, budget)
         pieces.append((",".join(r.rid for r in group.rows), group.done, n, self._decoding(),
                        self._prefill_time(group) is not None))
         return n
 
+    rode: list[tuple[str, int]] = []  # (row, tokens) of each step a prompt rode
+    real_ridden = batch.Engine._ridden
+
+    def ridden(self: Engine, aboard: Any) -> None:
+        rode.append((aboard.group.rows[0].rid, aboard.tokens))
+        real_ridden(self, aboard)
+
     monkeypatch.setattr(batch.Engine, "_chunk", watched)
+    monkeypatch.setattr(batch.Engine, "_ridden", ridden)
     text = open(batch.__file__).read()
     prompts = {"short": tok.encode(text[:400]), "long": tok.encode(text[2000:6000]),
                "late": tok.encode(text[8000:12000])}
@@ -318,6 +326,10 @@ def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
     # is depends on this machine's measured times, so the test asks which rule sized it).
     late = [kept for rows, _, _, decoding, kept in pieces if rows == "late" and decoding]
     assert late and all(late), late
+    # ... and ride the decoding rows' steps (the demo's attention takes riders): no
+    # prompt of the cohort did, and every token of the latecomer's that rode is counted.
+    assert rode and {rid for rid, _ in rode} == {"late"}, rode
+    assert sum(n for _, n in rode) <= len(prompts["late"]) - 1
     for rid, prompt in prompts.items():
         got = results[rid]
         assert got is not None

@@ -1,11 +1,18 @@
-"""Whether a batch step speculates, and whether a joining prompt keeps to the decoding
-rows' pace."""
+"""Whether a batch step speculates, whether a joining prompt keeps to the decoding
+rows' pace, and how much of it rides their step."""
 
 from __future__ import annotations
 
 import pytest
 
-from seatd.batch_policy import PROBE_EVERY, StepCosts, paced, plan_step, size_class
+from seatd.batch_policy import (
+    PROBE_EVERY,
+    StepCosts,
+    paced,
+    plan_step,
+    ride_tokens,
+    size_class,
+)
 
 
 @pytest.mark.parametrize(("batch", "cls"), [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8),
@@ -91,3 +98,21 @@ def test_step_times_are_moving_averages_by_class() -> None:
 ])
 def test_paced(arrived: int, began: list[int], expected: bool, why: str) -> None:
     assert paced(arrived, began) is expected, why
+
+
+@pytest.mark.parametrize(("ride", "own", "limit", "n", "want", "why"), [
+    (None, 9, 100, 1, 8, "never measured: the first ride's tokens"),
+    (None, 9, 100, 3, 6, "never measured, steps of 3: whole rows"),
+    (29, 9, 100, 1, 29, "riding fits more than a forward of its own"),
+    (29, 9, 20, 1, 20, "no further than the prompt's next cut"),
+    (29, 9, 20, 4, 20, "rows of 4 up to the cut"),
+    (29, 9, 18, 4, 16, "rows of 4 short of the cut"),
+    (29, 9, 3, 4, 0, "one row of 4 would cross the cut: a forward of its own"),
+    (5, 9, 100, 1, 0, "a forward of its own fits more: it takes that"),
+    (0, 0, 100, 1, 1, "nothing fits either way: one row, the least that moves on"),
+    (0, 0, 100, 5, 5, "one row of a verify step's 5"),
+    (9, 9, 100, 2, 8, "a tie rides (no fixed part), in rows of 2"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_ride_tokens(ride: int | None, own: int, limit: int, n: int, want: int,
+                     why: str) -> None:
+    assert ride_tokens(ride, own, limit, n, 8) == want, why

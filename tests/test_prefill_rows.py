@@ -12,7 +12,15 @@ import pytest
 
 from seatd import prefill_rows
 from seatd.decode import make_cache
-from seatd.prefill_rows import PrefillCost, fit_cost, stack, stackable, take
+from seatd.prefill_rows import (
+    PrefillCost,
+    RideCost,
+    fit_cost,
+    stack,
+    stackable,
+    take,
+    tokens_within,
+)
 from tests.lanes import logits_close
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14], [20, 21, 22, 23, 24, 25, 26],
@@ -130,3 +138,38 @@ def test_big_steps_stay_in_the_fit() -> None:
     for i in range(40):
         cost.observe(8, 600 + i, _cost(8, 600 + i))
     assert cost.fit() == pytest.approx((0.020, 0.001, 1e-6), rel=1e-6, abs=1e-9)
+
+
+def test_riding_tokens_by_their_measured_cost() -> None:
+    """Seconds per riding token, a moving average; a step sized by it (rounded up)
+    converges on the count whose fixed and per-token parts fill the time."""
+    ride = RideCost()
+    assert ride.tokens_within(0.03) is None  # nothing measured yet
+    ride.observe(10, 0.02)
+    assert ride.tokens_within(0.03) == 15
+    ride.observe(0, 1.0)  # nothing rode: nothing learnt
+    assert ride.rate == pytest.approx(0.002)
+    ride.observe(10, 1.0)  # one step held up for a second moves it by RIDE_ALPHA
+    assert ride.rate == pytest.approx(0.7 * 0.002 + 0.3 * 0.1)
+
+    def step_s(tokens: int) -> float:  # riding's own fixed part and a cost per token
+        return 0.02 + 0.003 * tokens
+
+    ride = RideCost()
+    tokens = 1
+    for _ in range(40):
+        ride.observe(tokens, step_s(tokens))
+        tokens = ride.tokens_within(0.035) or 0
+    assert tokens == 5  # (35 - 20) / 3, where one row at a time would stay at one
+
+
+@pytest.mark.parametrize("fit, seconds, context, rows, floor, want", [
+    ((0.02, 0.001, 0.0), 0.0305, 0, 1, 0, 10),
+    ((0.02, 0.001, 0.0), 0.01, 0, 1, 8, 8),  # below the fixed part: the floor
+    ((0.0, 0.001, 0.0), 0.0305, 0, 3, 0, 10),  # three rows share the time
+    ((0.0, 0.0, 0.0), 0.03, 0, 1, 2, 2),  # a fit that costs nothing per token: the floor
+    ((0.0, 0.0, 1e-6), 0.002, 1000, 1, 0, 1),  # per context token only
+], ids=["fixed", "below-fixed", "rows", "free", "context-only"])
+def test_tokens_within_a_fit(fit: tuple[float, float, float], seconds: float,
+                             context: int, rows: int, floor: int, want: int) -> None:
+    assert tokens_within(fit, seconds, context, rows, floor) == want
