@@ -99,7 +99,7 @@ Emit = Callable[[str, int, str, Sequence[int], Sequence[TokenLogprob]], None]
 # p99 gap is to stay under twice what it was, and steps jitter by a third at p99 on a
 # busy machine (1.5 x 1.3 < 2); a riding prompt's tokens cost no fixed part, so half a
 # step still moves a long prompt on.
-PREFILL_SHARE = 0.8
+PREFILL_SHARE = 0.5
 PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
 
 
