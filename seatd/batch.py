@@ -33,12 +33,12 @@ decode step), so where the lane's model can (`seatd.rows_cache.Rider`, probed) t
 rides the rows' own step instead: its tokens are extra rows of the same forward,
 `rows x n` tokens for a step of `n` tokens per row, writing the prompt's own cache and
 attending to it causally.  How many tokens ride is measured, not assumed: what riding
-tokens were measured to add to the rows' steps, per token (`seatd.prefill_rows.
-RideCost`), and as many ride as fit the same share of the rows' step time; where a
-forward of the prompt's own fits more in it, by its measured cost, the chunk takes that
-instead (`ride_tokens`).  A prompt that cannot ride (a
-solo row, a cohort of several, a recurrent model, a chunk narrower than the step) takes
-a forward of its own.
+tokens were measured to add to the rows' steps, per token
+(`seatd.prefill_rows.RideCost`), and as many ride as fit the same share of the rows'
+step time; where a forward of the prompt's own fits more in it, by its measured cost,
+the chunk takes that instead (`ride_tokens`).  A prompt that cannot ride (a solo row,
+a cohort of several, a recurrent model, a step of a width never measured) takes a
+forward of its own.
 
 Whether a step speculates is decided per step (`seatd.batch_policy`): alone, a row
 follows its request's adaptive depth as a single request does; in a batch, a verify
@@ -518,6 +518,11 @@ class Engine:
         group = self._offer
         if group is None or self.lanes.get(group.lane) is not lane or self._aboard:
             return block, None
+        if self.costs.time(len(lane.rows), n) is None:
+            # A step whose own cost is not known yet (a verify width tried for the first
+            # time) carries no prompt: a ride is measured against that cost, and a step
+            # that carries one does not measure it.
+            return block, None
         seconds = self._prefill_time(group) or 0.0
         ride = self.ride_cost.tokens_within(seconds)
         own = self.prefill_cost.tokens_within(seconds, group.done, 1, 0) or 0
@@ -786,8 +791,9 @@ class Engine:
                 lane.rode = self._aboard
             elif base is not None:  # a verify step waits for its own forward
                 self._aboard.added = max(0.0, elapsed - base)
+        # Counted either way: a probe of the other kind of step is due by steps taken.
+        self.costs.observe(B, width, elapsed if own else None)
         if own:
-            self.costs.observe(B, max(depths) + 1 if any(depths) else 1, elapsed)
             lane.step_s = elapsed if lane.step_s is None else 0.8 * lane.step_s + 0.2 * elapsed
         # A request alone: its round times are the seat's figures.
         if B == 1 and lane.rows and own:
@@ -1146,7 +1152,7 @@ class Engine:
         lane.cache.begin(widths, n, rider)
         if n > 1 and lane.cache.recurrent_layers:
             with recurrent.recording():
-                logits = self.model(block, cache=lane.cache.layers)[: len(rows)]  # (B, n, V)
+                logits = self.model(block, cache=lane.cache.layers)  # (B, n, V)
         else:
             logits = self.model(block, cache=lane.cache.layers)[: len(rows)]
         lane.cache.end()

@@ -50,15 +50,18 @@ class StepCosts:
     plain_since_probe: dict[int, int] = field(default_factory=dict)  # since a verify step
     verify_since_plain: dict[int, int] = field(default_factory=dict)  # since a plain step
 
-    def observe(self, batch: int, width: int, seconds: float) -> None:
+    def observe(self, batch: int, width: int, seconds: float | None) -> None:
+        """A step of `batch` rows and `width` tokens each took `seconds`; None: it is
+        counted (probes are due by steps taken) but its time was not the rows' own."""
         c = size_class(batch)
         key = (c, width)
         plain = width == 1
         old = self.seconds.get(key)
         stale = (self.verify_since_plain if plain else self.plain_since_probe).get(c, 0) \
             >= PROBE_EVERY
-        self.seconds[key] = seconds if old is None or stale \
-            else (1 - ALPHA) * old + ALPHA * seconds
+        if seconds is not None:
+            self.seconds[key] = seconds if old is None or stale \
+                else (1 - ALPHA) * old + ALPHA * seconds
         if plain:
             self.plain_since_probe[c] = self.plain_since_probe.get(c, 0) + 1
             self.verify_since_plain[c] = 0

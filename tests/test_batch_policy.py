@@ -116,3 +116,18 @@ def test_paced(arrived: int, began: list[int], expected: bool, why: str) -> None
 def test_ride_tokens(ride: int | None, own: int, limit: int, n: int, want: int,
                      why: str) -> None:
     assert ride_tokens(ride, own, limit, n, 8) == want, why
+
+
+def test_a_step_counted_without_its_time_still_brings_the_probe_due() -> None:
+    """A step whose time was not the rows' own (a prompt rode it) leaves the measured
+    times alone but still counts: a verify probe comes after PROBE_EVERY plain steps of
+    any kind, instead of every step once the probe is due but never measured."""
+    c = costs(p8=0.05, v8_4=0.5)
+    wants = [(3, 2.5)] * 8
+    for _ in range(PROBE_EVERY):
+        c.observe(8, 1, None)
+    assert c.time(8, 1) == 0.05
+    assert plan_step(wants, 8, c) == [3] * 8  # the probe is due
+    c.observe(8, 4, None)  # it was taken, with a prompt riding: no time, but counted
+    assert c.time(8, 4) == 0.5
+    assert plan_step(wants, 8, c) == [0] * 8  # plain again until the next is due
