@@ -8,7 +8,7 @@ Runs on the worker's MLX thread, one step at a time:
               stacked (`seatd.prefill_rows`): a chunk of each prompt (on the
               `PREFILL_CHUNK` grid, whole chunks for a row alone), between the others'
               steps, within a measured time per step; or a prompt joining rows that
-              decode rides their step (`ride`);
+              decode rides their step (`_board`);
     decode    one forward over every decoding row of a lane: plain (one token per row,
               the next step scheduled before this one's tokens are read) or a verify
               step (rows that draft feed their block, the others one token, padded);
@@ -81,8 +81,8 @@ from seatd.decode import (
 from seatd.drafter_choice import Choice, choose
 from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.kv_budget import KVBudget
-from seatd.prefill_rows import PrefillCost, RideCost, stack, stackable, take
-from seatd.rows_cache import KV_LAYERS, SLACK, OneRow, Rider, RowsCache, lane_cache
+from seatd.prefill_rows import KV_LAYERS, PrefillCost, RideCost, stack, stackable, take
+from seatd.rows_cache import SLACK, OneRow, Rider, RowsCache, lane_cache
 from seatd.rows_drafter import Ask, RowsDrafter
 from seatd.sampling import Draws, Keyed, draws_for
 from seatd.shaping import Matcher, Shaper, logprob_arrays, token_logprobs
@@ -101,7 +101,6 @@ Emit = Callable[[str, int, str, Sequence[int], Sequence[TokenLogprob]], None]
 # step still moves a long prompt on.
 PREFILL_SHARE = 0.5
 PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
-
 
 
 class RowCancelled(Exception):
@@ -264,13 +263,10 @@ class Engine:
         self.batch_sizes: dict[int, int] = {}  # steps seen at each batch size
         self.kv_bytes = 0  # the batch's KV now, refreshed after every step
         self.prefill_cost = PrefillCost()
-        # Riding (`_board`): the group offered to its lane's next step, and the tokens
-        # that rode it (None: none did) with what they added to the step; whether the
-        # last step carried any; what riding tokens add to a step, fitted as a prefill's
-        # cost is.
+        # Riding (`_board`): the group offered to its lane's next step, the prompt that
+        # rode this step (None: none did), and what riding tokens add to a step.
         self._offer: Group | None = None
         self._aboard: Aboard | None = None
-        self._rode = False
         self.ride_cost = RideCost()
         # Requests reaching the engine and rows beginning to decode, in one order (any
         # thread: next() on a count holds the GIL): which rows were already decoding
@@ -342,7 +338,7 @@ class Engine:
                 self._prefill()
             else:
                 self._ridden(self._aboard)
-        self._offer, self._rode = None, self._aboard is not None
+        self._offer = None
         for kv, lane in list(self.lanes.items()):
             if not lane.rows and not any(r.lane == kv for r in self.joining):
                 del self.lanes[kv]
@@ -775,10 +771,11 @@ class Engine:
             lane.drafter = None
             return
         elapsed = time.perf_counter() - started
-        # A step a prompt rode, or the one after (a plain step's time is its forerunner's
-        # forward), is not the rows' own cost: speculation and pacing never read it; what
-        # the step took beyond the rows' own is the ride's.
-        own = self._aboard is None and not self._rode
+        # A step a prompt rode, or the step after a plain one that did (a plain
+        # step's time is its forerunner's forward), is not the rows' own cost:
+        # speculation and pacing never read it; what the step took beyond the rows'
+        # own is the ride's.
+        own = self._aboard is None and lane.rode is None
         width = max(depths) + 1 if any(depths) else 1
         base = self.costs.time(B, width)
         if lane.rode is not None:  # a plain step's time is its forerunner's forward

@@ -40,13 +40,12 @@ BIG_STEP = 128  # tokens
 BIG_WINDOW = 8
 
 
-def _kv_types() -> tuple[type, ...]:
-    return (mlx_cache.KVCache, mlx_cache.QuantizedKVCache)
+KV_LAYERS = (mlx_cache.KVCache, mlx_cache.QuantizedKVCache)  # mlx-lm's KV layer caches
 
 
 def stackable(cache: Sequence[Any]) -> bool:
     """Every layer is mlx-lm's KV (plain or quantized) or recurrent arrays cache."""
-    return all(type(c) in (*_kv_types(), mlx_cache.ArraysCache, RollbackArraysCache)
+    return all(type(c) in (*KV_LAYERS, mlx_cache.ArraysCache, RollbackArraysCache)
                for c in cache)
 
 
@@ -77,7 +76,7 @@ def stack(caches: Sequence[Sequence[Any]]) -> list[Any]:
     for layers in zip(*caches, strict=True):
         first = layers[0]
         new = _like(first)
-        if type(first) in _kv_types():
+        if type(first) in KV_LAYERS:
             offset = int(first.offset)
             if any(int(c.offset) != offset for c in layers):
                 raise ValueError("rows at different offsets cannot share a forward")
@@ -114,7 +113,7 @@ def keep(cache: Sequence[Any], indices: Sequence[int]) -> list[Any]:
     out: list[Any] = []
     for c in cache:
         new = _like(c)
-        if type(c) in _kv_types():
+        if type(c) in KV_LAYERS:
             offset = int(c.offset)
             if offset:
                 _set_kv(new, [p[idx, :, :offset] for p in _parts(c.keys)],

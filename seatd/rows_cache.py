@@ -59,6 +59,7 @@ from mlx_lm.models import cache as mlx_cache
 from seatd import recurrent, rows_attention
 from seatd.decode import make_cache
 from seatd.kv_segments import SEGMENT_COST, merge_runs
+from seatd.prefill_rows import KV_LAYERS
 from seatd.rows_attention import Ragged, fold
 
 log = structlog.get_logger()
@@ -81,9 +82,6 @@ class Seg:
 
     rows: int
     col: int
-
-
-KV_LAYERS = (mlx_cache.KVCache, mlx_cache.QuantizedKVCache)
 
 
 @dataclass
