@@ -262,8 +262,7 @@ class HostedClient:
             return "deadline" if until >= deadline else reason
 
         try:
-            async with asyncio.timeout_at(first_by):
-                resp = await self._upstream.post(path, payload)
+            resp = await self._upstream.post(path, payload, first_by)
         except ConnectTimeout:
             yield TryEnd(Failed("connect_timeout",
                                  f"no connection within {self.seat.connect_timeout_s:g}s"))
@@ -339,8 +338,7 @@ class HostedClient:
             else:
                 until, reason = min(now + stall_s, deadline), "stall_timeout"
             try:
-                async with asyncio.timeout_at(until):
-                    data = await resp.read_some()
+                data = await resp.read_some(until)
             except TimeoutError:
                 if finish is not None:
                     break  # complete; the upstream just never closed
@@ -431,8 +429,7 @@ class HostedClient:
         its message's tool calls and its log-probabilities, in one Chunk."""
         chat = read.chat
         try:
-            async with asyncio.timeout_at(first_by):
-                text = (await resp.read_all(WHOLE_MAX)).decode("utf-8", "replace")
+            text = (await resp.read_all(WHOLE_MAX, first_by)).decode("utf-8", "replace")
         except TimeoutError:
             yield TryEnd(Failed("first_token_timeout", "the JSON body did not arrive in time"))
             return
@@ -462,8 +459,8 @@ class HostedClient:
         status = resp.status
         retry_after = parse_retry_after(resp.headers, time.time())
         try:
-            async with asyncio.timeout_at(max(first_by, asyncio.get_running_loop().time() + 1)):
-                raw = (await resp.read_all(ERROR_MAX)).decode("utf-8", "replace")
+            until = max(first_by, asyncio.get_running_loop().time() + 1)
+            raw = (await resp.read_all(ERROR_MAX, until)).decode("utf-8", "replace")
         except (TimeoutError, UpstreamError):
             raw = ""
         code, message = _error_fields(raw)

@@ -1,19 +1,25 @@
 """Keep-alive HTTP/1.1 connections to one upstream: the wire of a hosted rung.
 
     pool = Upstream(base_url, headers, connect_timeout_s)
-    resp = await pool.post(path, body)        returns once the response's head arrived
+    resp = await pool.post(path, body, until) returns once the response's head arrived
     resp.status, resp.reason, resp.headers, resp.content_type
-    await resp.read_some() -> bytes           what has arrived; b"" at the body's end
-    await resp.read_all(limit) -> bytes       the body, at most `limit` bytes of it
+    await resp.read_some(until) -> bytes      what has arrived; b"" at the body's end
+    await resp.read_all(limit, until) -> bytes  the body, at most `limit` bytes of it
     resp.at_eof                               the body was read to its end
     resp.release()                            back to the pool when whole and reusable
     resp.close()                              never reused
     await pool.close()
 
-The caller's timeouts bound each await (`asyncio.timeout_at` around `post` and
-each read), as a hosted rung's first-token and stall clocks do; the connect has
-its own, `connect_timeout_s`.  Errors, as proxyd/hosted.py turns them into a
-try's outcome:
+`until` (the event loop's clock; None: no limit) bounds each wait: `post` raises
+TimeoutError when no head arrived by then, a read when no byte did, as a hosted
+rung's first-token and stall clocks ask.  The connect has its own limit,
+`connect_timeout_s`.  A read that finds bytes waiting never waits, and a response
+keeps one alarm for all its waits, moved only when it rings before the wait it
+serves is due: an `asyncio.timeout` around every await started and cancelled two
+timers per request, with a task's cancel and uncancel each (with the `answered`
+log line, about a seventh of proxyd's CPU per hosted request, measured in the
+hop benchmark's throughput workload).  Errors, as proxyd/hosted.py turns them
+into a try's outcome:
 
     UpstreamError
     ├── ConnectTimeout      no connection (TCP, and TLS for https) in connect_timeout_s
@@ -60,6 +66,7 @@ IDLE_MAX = 64  # connections kept open between requests
 # and its connection goes back to the pool; else it is closed.
 DRAIN_BYTES = 64 << 10
 DRAIN_S = 2.0
+CLOCK_SLACK_S = 1e-3
 
 
 class UpstreamError(Exception):
@@ -80,6 +87,12 @@ class Disconnected(UpstreamError):
 
 class Malformed(UpstreamError):
     pass
+
+
+def _due(loop: asyncio.AbstractEventLoop, until: float) -> bool:
+    # A timer may ring up to the clock's resolution early (uvloop keeps milliseconds),
+    # as asyncio's own loop counts a handle due within it.
+    return loop.time() + CLOCK_SLACK_S >= until
 
 
 @functools.cache
@@ -137,6 +150,9 @@ class Response:
         self._settled = False
         self._drain: asyncio.TimerHandle | None = None  # released before its end
         self._drained = 0
+        self._until: float | None = None  # when the wait under way gives up
+        self._alarm: asyncio.TimerHandle | None = None
+        self._alarm_at = 0.0
 
     @property
     def head(self) -> http1.Head:
@@ -164,21 +180,21 @@ class Response:
     def at_eof(self) -> bool:
         return self._parser.done and not self._parser.buffered
 
-    async def read_some(self) -> bytes:
+    async def read_some(self, until: float | None = None) -> bytes:
         parser = self._parser
         while not parser.buffered and not parser.done:
             if self._error is not None:
                 raise self._error
-            await self._wait()
+            await self._wait(until)
         data = parser.take()
         self._resume()
         return data
 
-    async def read_all(self, limit: int) -> bytes:
+    async def read_all(self, limit: int, until: float | None = None) -> bytes:
         """The body, cut at `limit` bytes (the connection is then not reused)."""
         got = bytearray()
         while len(got) <= limit:
-            data = await self.read_some()
+            data = await self.read_some(until)
             if not data:
                 return bytes(got)
             got += data
@@ -215,6 +231,9 @@ class Response:
             self._conn.transport.resume_reading()
 
     def _let_go(self, reuse: bool) -> None:
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
         if self._drain is not None:
             self._drain.cancel()
             self._drain = None
@@ -228,18 +247,40 @@ class Response:
 
     # -- fed by the connection ------------------------------------------------
 
-    async def _head(self) -> None:
+    async def _head(self, until: float | None) -> None:
         while self._parser.head is None:
             if self._error is not None:
                 raise self._error
-            await self._wait()
+            await self._wait(until)
 
-    async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
+    async def _wait(self, until: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        self._until = until
+        if until is not None:
+            if _due(loop, until):
+                raise TimeoutError
+            if self._alarm is None or self._alarm_at > until:
+                if self._alarm is not None:
+                    self._alarm.cancel()
+                self._alarm, self._alarm_at = loop.call_at(until, self._ring), until
+        self._waiter = loop.create_future()
         try:
             await self._waiter
         finally:
             self._waiter = None
+
+    def _ring(self) -> None:
+        # The alarm rang: the wait under way gives up if its time came, else the alarm
+        # moves to it (a later wait than the one it was set for).
+        self._alarm = None
+        waiter, until = self._waiter, self._until
+        if waiter is None or waiter.done() or until is None:
+            return
+        loop = asyncio.get_running_loop()
+        if _due(loop, until):
+            waiter.set_exception(TimeoutError())
+        else:
+            self._alarm, self._alarm_at = loop.call_at(until, self._ring), until
 
     def _wake(self) -> None:
         waiter = self._waiter
@@ -316,8 +357,14 @@ class Upstream:
         self._idle: list[_Conn] = []
         self._open: set[_Conn] = set()
 
-    async def post(self, path: str, body: bytes) -> Response:
-        conn = self._take() or await self._connect()
+    async def post(self, path: str, body: bytes, until: float | None = None) -> Response:
+        conn = self._take()
+        if conn is None:
+            if until is None:
+                conn = await self._connect()
+            else:
+                async with asyncio.timeout_at(until):
+                    conn = await self._connect()
         resp = Response(conn)
         conn.response = resp
         head = (f"POST {self._prefix}{path}{self._query} HTTP/1.1\r\n{self._fields}"
@@ -329,7 +376,7 @@ class Upstream:
                 conn.transport.write(head.encode("ascii") + body)
             except (RuntimeError, OSError) as exc:  # uvloop: a transport already closed
                 raise Disconnected(f"the request could not be sent: {exc}") from exc
-            await resp._head()
+            await resp._head(until)
         except BaseException:
             resp.close()
             raise

@@ -278,6 +278,48 @@ async def test_a_stream_released_before_its_last_chunk_is_reused_once_it_comes()
         await up.close()
 
 
+
+@both_loops
+async def test_each_wait_gives_up_at_its_own_time_under_one_alarm() -> None:
+    """A response keeps one alarm for its waits.  A read whose time is later than the
+    head's outlives the head's (the alarm moves on when it rings early); a read whose
+    time is earlier is cut at it; data already waiting is read whatever the time; and
+    a released response leaves no alarm behind."""
+    go = asyncio.Event()
+
+    async def answer(n: int, request: bytes, w: asyncio.StreamWriter) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await go.wait()
+        w.write(b"2\r\nab\r\n")
+        if n == 2:
+            w.write(LAST)
+        return True
+    async with Server(answer) as server:
+        up = Upstream(f"http://127.0.0.1:{server.port}", {}, 1.0)
+        loop = asyncio.get_running_loop()
+        head_by = loop.time() + 0.05
+        resp = await up.post("/x", b"", head_by)
+        read = asyncio.ensure_future(resp.read_some(loop.time() + 30))
+        await until(lambda: loop.time() > head_by + 0.05)  # the head's time has passed
+        assert not read.done()
+        go.set()
+        assert await read == b"ab"
+        with pytest.raises(TimeoutError):  # nothing more comes; this read's time is short
+            await resp.read_some(loop.time() + 0.05)
+        assert loop.time() < head_by + 30
+        resp.close()
+        assert resp._alarm is None
+        go.clear()
+        resp = await up.post("/x", b"", loop.time() + 30)
+        go.set()
+        await until(lambda: resp._parser.done)
+        assert await resp.read_some(loop.time() - 1) == b"ab"  # waiting: read, never late
+        assert await resp.read_some(loop.time() - 1) == b"" and resp.at_eof
+        resp.release()
+        assert resp._alarm is None
+        await up.close()
+
+
 @both_loops
 async def test_a_connection_the_upstream_closes_after_its_answer_is_not_handed_out() -> None:
     """A keep-alive answer followed by a close: once the close has arrived, the pooled
