@@ -135,6 +135,11 @@ def test_interleaved_run_against_fake_servers_reports() -> None:
     assert f"| aggregate tokens/s, {OURS} over {MLX}, 8 clients | **" in text
     assert "| 8 | sanctum | " in text and "rows decoding at arrival" in text
     assert len(scaling(samples, OURS, "c=8", "c=1")) == 1
+    # The goal is on the default seat's own scaling; mlx_lm.server's stands beside it.
+    assert f"| aggregate tokens/s, {OURS} at 8 clients over 1 client, per round | **" in text
+    assert f"| aggregate tokens/s, {MLX} at 8 clients over 1 client, per round | **" in text
+    assert [line.rsplit("|", 2)[1].strip() for line in text.splitlines()
+            if "at 8 clients over 1 client" in line] == ["≥ 3x", "-"] * 2  # summary, section
     assert len(best_of_ratios(samples, "agg_tps", OURS, [MLX], "c=8")) == 1
 
 

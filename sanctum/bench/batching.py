@@ -274,10 +274,13 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
                 out.append((f"aggregate tokens/s, {OURS} over mlx_lm.server's faster mode "
                             f"(batching or draft model), {_clients(c)}", summarize(r),
                             GOAL_SPEC_VS_BEST))
-    r = scaling(samples, OURS, "c=8", "c=1")
-    if r:
-        out.append((f"aggregate tokens/s, {OURS} at 8 clients over 1 client, per round",
-                    summarize(r), GOAL_SCALING))
+    # The goal is the default seat's; the plain seat's and mlx_lm.server's own scaling
+    # stand beside it (the default seat's 1 client speculates, so it starts higher).
+    for arm in (OURS, PLAIN, MLX):
+        r = scaling(samples, arm, "c=8", "c=1")
+        if r:
+            out.append((f"aggregate tokens/s, {arm} at 8 clients over 1 client, per round",
+                        summarize(r), GOAL_SCALING if arm == OURS else None))
     for arm in (OURS, PLAIN, MLX):
         v = prefill_speeds(run, arm)
         if v:
