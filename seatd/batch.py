@@ -43,7 +43,8 @@ forward of its own.
 Whether a step speculates is decided per step (`seatd.batch_policy`): alone, a row
 follows its request's adaptive depth as a single request does; in a batch, a verify
 step must beat a plain one at this batch size by the seat's measured step times, or
-the rows decline with `batch_not_profitable`.
+the rows decline with `batch_not_profitable`, and while a prompt joins at the rows'
+pace the batch's steps are plain (`prompt_joining`).
 
 A log line for one row names its request (`request_id`), a line about several rows
 theirs (`request_ids`); what the worker's callbacks for a row write as it is admitted
@@ -746,11 +747,13 @@ class Engine:
         with self.lock:
             self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
         wants = [self._wanted(r) for r in lane.rows]
-        depths = plan_step(wants, B, self.costs)
+        joining = any(self._prefill_time(g) is not None for g in self.groups)
+        depths = plan_step(wants, B, self.costs, joining)
         if any(d for d, _ in wants) and not any(depths):
+            why = "prompt_joining" if joining else "batch_not_profitable"
             for r, (d, _) in zip(lane.rows, wants, strict=True):
                 if d and r.report.state == "declined:no_proposal":
-                    r.report.state = "declined:batch_not_profitable"
+                    r.report.state = f"declined:{why}"
         spec = lane.rows[0].work.spec if B == 1 else None
         costs = spec.costs if spec is not None else None
         split = costs is not None and depths[0] > 0 and costs.due()

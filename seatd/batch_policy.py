@@ -3,7 +3,7 @@
 Pure, with the seat's measured step times passed in (`StepCosts`, moving averages
 by batch size and tokens per row, drafting included in a verify step's time):
 
-    plan_step(wants, batch, costs) -> depth per row (all 0: a plain step)
+    plan_step(wants, batch, costs, joining) -> depth per row (all 0: a plain step)
     paced(arrived, began)          whether a joining group keeps to the decoding rows' pace
     ride_tokens(ride, own, limit, n, first)   a joining prompt's tokens riding a step
 
@@ -14,6 +14,17 @@ step costs `t(B, n)` for n = 1 + the deepest draft and yields the rows' expected
 tokens; a plain step costs `t(B, 1)` and yields B.  Speculation goes ahead only when
 
     sum(expected) / t(B, n)  >  B / t(B, 1)
+
+While a prompt joins the batch at its rows' pace (`joining`: its chunks ride their
+steps or take a share of their time), the batch's steps are plain.  A step that
+carries a prompt is not the rows' own, so its time is never measured: speculation
+would be judged on times from before the prompt came, and rides sized against a
+verify time from then (measured, 7 rows and a 1,500-token prompt: rides grew to 44
+tokens and their steps to 160-200 ms, where the rows' own verify step took 90 ms and
+their plain one 44 before the prompt came).  And the prompt's
+share is a share of the rows' step: verify steps (2x a plain one at 7 rows here)
+stretch every row's gap while someone waits for a first token.  Declined with its
+own reason (`prompt_joining`); the probes come due as ever once it has joined.
 
 An unmeasured verify size is tried (it cannot be judged otherwise), and a size that
 lost is tried again every `PROBE_EVERY` plain steps, since acceptance moves with the
@@ -73,13 +84,16 @@ class StepCosts:
         return self.seconds.get((size_class(batch), width))
 
 
-def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts) -> list[int]:
+def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts,
+              joining: bool = False) -> list[int]:
     """The draft depth of each row for the next step (all zeros: a plain step)."""
     depths = [d for d, _ in wants]
     if not any(depths):
         return [0] * len(wants)
     if batch <= 1:
         return depths
+    if joining:
+        return [0] * len(wants)
     width = 1 + max(depths)
     plain, verify = costs.time(batch, 1), costs.time(batch, width)
     if plain is None:

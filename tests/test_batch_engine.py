@@ -368,3 +368,64 @@ def test_a_continued_answer_goes_on_as_the_uninterrupted_one(
         assert result is not None
         assert result.completion_tokens == 24 - cut
         assert result.token_ids[-(24 - cut):] == whole.token_ids[cut:], cut
+
+
+def test_a_batch_takes_plain_steps_while_a_prompt_joins_at_its_pace(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows that speculate together take plain steps while a prompt joins at their pace
+    (`prompt_joining`): a step that carries the prompt could not be timed, and its share
+    is of their plain step.  They speculate before and after; every answer is its own
+    alone."""
+    from seatd import batch
+
+    model, tok, drafter = pair
+    steps: list[tuple[bool, bool]] = []  # (verified, a prompt was joining at the pace)
+    real_decode = batch.Engine._decode
+    real_verify = batch.Engine._verify_step
+    verified = [False]
+
+    def decode_step(self: Engine, lane: Any) -> None:
+        joining = any(self._prefill_time(g) is not None for g in self.groups)
+        verified[0] = False
+        real_decode(self, lane)
+        steps.append((verified[0], joining))
+
+    def verify_step(self: Engine, *a: Any) -> Any:
+        verified[0] = True
+        return real_verify(self, *a)
+
+    monkeypatch.setattr(batch.Engine, "_decode", decode_step)
+    monkeypatch.setattr(batch.Engine, "_verify_step", verify_step)
+    text = open(batch.__file__).read()
+    prompts = {"a": tok.encode("def fibonacci(n):"), "b": tok.encode("class Stack:"),
+               "late": tok.encode(text[8000:10000])}
+    budgets = {"a": 60, "b": 60, "late": 4}
+    engine = Engine(model, tok, 4096, output_width(model), 8, KVBudget(1 << 30))
+    results: dict[str, DecodeResult | None] = {}
+
+    def submit(rid: str) -> None:
+        params = SamplingParams(max_tokens=budgets[rid], temperature=0)
+        spec = Speculation(ModelDrafter(drafter), 3, DepthStats()) if rid != "late" else None
+        engine.submit(Work(Generate(rid, False, params, prompt="-"), prompts[rid], "fp16",
+                           lambda *_: None, lambda: False,
+                           lambda w, r, e: results.__setitem__(w.request.request_id, r),
+                           spec=spec))
+
+    submit("a")
+    submit("b")
+    while sum(len(lane.rows) for lane in engine.lanes.values()) < 2 or not any(
+            v for v, _ in steps):
+        engine.step()
+    submit("late")
+    while len(results) < 3:
+        engine.step()
+    assert any(j for _, j in steps), "the late prompt joined at the rows' pace"
+    assert not any(v and j for v, j in steps), "no verify step while it joined"
+    assert any(v and not j for v, j in steps)
+    for rid, prompt in prompts.items():
+        got = results[rid]
+        assert got is not None
+        want = decode(model, tok, prompt, SamplingParams(max_tokens=budgets[rid],
+                                                         temperature=0),
+                      kv="fp16", context_length=4096)
+        assert got.text == want.text, rid

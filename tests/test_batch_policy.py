@@ -53,6 +53,30 @@ def test_plan_step(wants: list[tuple[int, float]], batch: int, c: StepCosts,
     assert plan_step(wants, batch, c) == expected, why
 
 
+@pytest.mark.parametrize(("wants", "batch", "c", "expected", "why"), [
+    ([(3, 2.8)] * 8, 8, costs(p8=0.05, v8_4=0.06), [0] * 8,
+     "a winning verify waits: the prompt's share is of the rows' plain step"),
+    ([(3, 2.5), (2, 2.0)], 2, costs(p2=0.02), [0, 0],
+     "no verify size tried while a step may carry the prompt (it could not be timed)"),
+    ([(3, 2.5)], 1, costs(p1=0.01, v1_4=0.02), [3], "a row alone still follows its own"),
+    ([(0, 1.0), (0, 1.0)], 2, costs(p2=0.02), [0, 0], "nobody drafts: plain either way"),
+])
+def test_plan_step_while_a_prompt_joins(wants: list[tuple[int, float]], batch: int,
+                                        c: StepCosts, expected: list[int], why: str) -> None:
+    assert plan_step(wants, batch, c, joining=True) == expected, why
+
+
+def test_a_probe_due_while_a_prompt_joins_comes_once_it_has_joined() -> None:
+    """Plain steps taken while a prompt joined count toward the next probe."""
+    c = costs(p2=0.02, v2_4=0.05)
+    wants = [(3, 2.5), (2, 2.0)]
+    for _ in range(PROBE_EVERY):
+        assert plan_step(wants, 2, c, joining=True) == [0, 0]
+        c.observe(2, 1, None)  # a step the prompt rode: counted, not timed
+    assert plan_step(wants, 2, c, joining=True) == [0, 0]
+    assert plan_step(wants, 2, c) == [3, 2]  # joined: the probe that was due
+
+
 def test_a_losing_size_is_probed_again() -> None:
     c = costs(p2=0.02, v2_4=0.05)
     wants = [(3, 2.5), (2, 2.0)]
