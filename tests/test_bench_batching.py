@@ -185,3 +185,53 @@ def test_rows_per_step_from_the_seat_counters(before: dict[str, object],
     from sanctum.bench.concurrent import batch_figures
 
     assert batch_figures(before, after) == pytest.approx(expected)
+
+
+def test_a_connection_reset_before_the_head_is_tried_again() -> None:
+    """A server that resets a connect (its listen backlog full) is asked again on a new
+    connection, timed from the first send; one that keeps resetting fails the request."""
+    import socket
+    import struct
+    import threading
+
+    from sanctum.bench.concurrent import CONNECT_TRIES, stream_once
+
+    sse = (b'data: {"choices":[{"index":0,"text":"hi"}]}\n\n'
+           b'data: {"choices":[],"usage":{"completion_tokens":1,"prompt_tokens":2}}\n\n'
+           b"data: [DONE]\n\n")
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+              b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(sse)) + sse
+
+    def serve(resets: int, then_answer: bool) -> tuple[int, list[int], threading.Thread]:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        seen: list[int] = []
+
+        def run() -> None:
+            with listener:
+                for i in range(resets + then_answer):
+                    conn, _ = listener.accept()
+                    with conn:
+                        conn.recv(65536)
+                        seen.append(i)
+                        if i < resets:  # SO_LINGER 0: the close is a reset
+                            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                            struct.pack("ii", 1, 0))
+                            continue
+                        conn.sendall(answer)
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return listener.getsockname()[1], seen, thread
+
+    port, seen, thread = serve(CONNECT_TRIES - 1, True)
+    s = stream_once(f"http://127.0.0.1:{port}", "/v1/completions", {"prompt": "x"})
+    thread.join(10)
+    assert seen == list(range(CONNECT_TRIES)) and s.tokens == 1 and len(s.chunks) == 1
+    assert s.sent < s.chunks[0]
+    port, seen, thread = serve(CONNECT_TRIES, False)
+    with pytest.raises(ConnectionError):
+        stream_once(f"http://127.0.0.1:{port}", "/v1/completions", {"prompt": "x"})
+    thread.join(10)
+    assert seen == list(range(CONNECT_TRIES))
+    assert not thread.is_alive()

@@ -50,6 +50,7 @@ ARRIVE_DEADLINE_S = 45.0  # a seat that never streams all rows at once gets it t
 # (long enough for a batching server to prefill all seven on a busy 2-core machine)
 LONG_MAX_TOKENS = 8
 CLIENT_TIMEOUT_S = 600.0
+CONNECT_TRIES = 3  # a reset before the response's head is tried again, this many times in all
 
 
 @dataclass
@@ -174,14 +175,30 @@ def chunk_text(event: dict[str, Any]) -> str:
 
 def stream_once(base_url: str, path: str, body: dict[str, Any],
                 on_first: Callable[[float], None] | None = None) -> Stream:
-    """One streamed request; each text chunk timed as it arrives."""
+    """One streamed request; each text chunk timed as it arrives.  A connection reset
+    before the response's head is tried again on a new one, timed from the first send
+    (a server whose listen backlog overflows resets some of 16 connects made at once:
+    mlx_lm.server's socketserver keeps 5)."""
     u = urlparse(base_url)
-    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80,
-                                      timeout=CLIENT_TIMEOUT_S)
+
+    def connect() -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80,
+                                          timeout=CLIENT_TIMEOUT_S)
+
+    conn = connect()
     try:
         s = Stream(sent=time.perf_counter())
-        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        r = conn.getresponse()
+        for tried in range(1, CONNECT_TRIES + 1):
+            try:
+                conn.request("POST", path, json.dumps(body),
+                             {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                break
+            except (ConnectionResetError, BrokenPipeError):
+                conn.close()
+                if tried == CONNECT_TRIES:
+                    raise
+                conn = connect()
         if r.status != 200:
             raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
         usage = None
