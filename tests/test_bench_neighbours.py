@@ -1,5 +1,6 @@
 """Neighbours: which cases share a batch, tokens until the first difference, the totals
-per group, mean rows per forward, and the report's rows and figures (no model loaded)."""
+per group, mean rows per forward, and the report's rows and figures (no model loaded);
+and the latecomers arm on the demo."""
 
 from __future__ import annotations
 
@@ -134,3 +135,33 @@ def test_report_renders_neighbours_without_interleaving() -> None:
     assert ("| 11. Neighbours: a seeded answer alone against batched with 7 others | flips "
             "per 1,000 tokens, alone against batched, demo keyed t=0.7 plain "
             "| 0 (0 in 128 tokens; below 23 at 95%) | - |") in text
+
+
+def test_latecomers_join_a_busy_batch_and_ride_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The latecomers arm submits each row once the one before it decodes: every row but
+    the first joins rows already decoding, at their pace, and rides their steps (the
+    demo's attention takes riders); each answer, seeded and keyed, is its own alone."""
+    from sanctum.bench.flips import Case
+    from sanctum.bench.neighbours import decode_rows
+    from seatd import batch
+    from seatd.model_load import load_for_compute
+    from shared.builtin import resolve_model
+
+    loaded = load_for_compute(resolve_model("builtin:demo"))
+    tok = loaded.tokenizer
+    text = open(batch.__file__).read()
+    cases = [Case("demo", f"w{i}", tok.encode(text[1000 * i : 1000 * i + 600]),
+                  0.7 if i % 2 else 0.0, 0.9, 20, 1 if i % 2 else None) for i in range(3)]
+    rode: list[str] = []
+    real = batch.Engine._ridden
+
+    def ridden(self: Any, aboard: Any) -> None:
+        rode.append(aboard.group.rows[0].rid)
+        real(self, aboard)
+
+    monkeypatch.setattr(batch.Engine, "_ridden", ridden)
+    late, _ = decode_rows(loaded, None, cases, "plain", 24, late=True)
+    assert set(rode) == {"n1", "n2"}, rode
+    for case, answer in zip(cases, late, strict=True):
+        (alone,), _ = decode_rows(loaded, None, [case], "plain", 24)
+        assert answer.ids == alone.ids, case.workload

@@ -14,7 +14,11 @@ every row of a window is compared with its own answer alone, and a case in two w
 is compared twice, with other neighbours.  "batched" holds decoding until all eight have
 joined, so every token of an answer comes from a forward of all the rows still going;
 "joining" leaves the engine its own schedule (the first rows prefilled start decoding
-beside fewer rows while the others prefill).  The same is done with speculation
+beside fewer rows while the others prefill).  "latecomers" submits each row only once the
+rows before it decode (or are done), so every row but the first joins a busy batch at
+its pace: its prompt rides the rows' steps where the model takes riders, in forwards of
+other shapes than a prefill of its own, and the batch takes plain steps meanwhile
+(`prompt_joining`).  The same is done with speculation
 (each row with its own model drafter, depth 3), where the batch decides per step whether
 a verify pays (`seatd.batch_policy`).  Where requests can ask for a lane of their own
 (`Generate.solo`), the windows are decoded once more with every row solo.
@@ -168,13 +172,14 @@ class Decoded(msgspec.Struct):
 
 def decode_rows(loaded: Any, drafter_model: Any, cases: Sequence[Case], config: str,
                 tokens: int, solo: bool = False, together: bool = False,
-                ) -> tuple[list[Decoded], dict[int, int]]:
+                late: bool = False) -> tuple[list[Decoded], dict[int, int]]:
     """`cases` submitted together to one engine (one row each, fp16 lane) and stepped
     until every row is done; their answers and the steps seen at each batch size.
 
     The engine prefills one row at a time, so the first rows decode a good part of a
     short answer before the last ones join.  `together` holds decoding until every row
-    has joined, so each answer is decoded in forwards of all the rows still going."""
+    has joined, so each answer is decoded in forwards of all the rows still going.
+    `late` submits each case only once the cases before it decode or are done."""
     from seatd.adaptive import DepthStats
     from seatd.batch import Engine, Work
     from seatd.decode import DecodeResult, Speculation, output_width
@@ -200,7 +205,14 @@ def decode_rows(loaded: Any, drafter_model: Any, cases: Sequence[Case], config: 
     setattr(engine, "_decode", watched)  # noqa: B010  # an instance attribute, not the class
     got: dict[int, tuple[DecodeResult | None, BaseException | None]] = {}
     extra: dict[str, Any] = {"solo": True} if solo else {}
+
+    def under_way(i: int) -> bool:
+        return i in got or any(r.rid == f"n{i}" for lane in engine.lanes.values()
+                               for r in lane.rows)
+
     for i, case in enumerate(cases):
+        while late and i and not under_way(i - 1):
+            engine.step()
         params = SamplingParams(temperature=case.temperature, top_p=case.top_p,
                                 top_k=case.top_k, max_tokens=tokens, seed=case.seed)
         spec = None
@@ -269,7 +281,8 @@ def run_model(loaded: Any, drafter_model: Any, model: str, cases: Sequence[Case]
                 t0 = time.perf_counter()
                 answers, sizes = decode_rows(loaded, drafter_model,
                                              [cases[i] for i in window], config, tokens,
-                                             solo=arm == "solo", together=arm == "batched")
+                                             solo=arm == "solo", together=arm == "batched",
+                                             late=arm == "latecomers")
                 per_step = mean_rows(sizes)
                 for j, (i, answer) in enumerate(zip(window, answers, strict=True)):
                     others = [_label(cases[k]) for n, k in enumerate(window) if n != j]
@@ -294,7 +307,7 @@ def neighbours(opts: Options) -> Run:
     from shared.builtin import resolve_model
 
     models = [opts.model] + ([HYBRID] if opts.model == Options().model else [])
-    arms = ["batched", "joining", *(["solo"] if solo_offered() else [])]
+    arms = ["batched", "joining", "latecomers", *(["solo"] if solo_offered() else [])]
     started = time.perf_counter()
 
     def show(text: str) -> None:
@@ -324,6 +337,10 @@ def neighbours(opts: Options) -> Run:
         "joining": f"the same {BATCH} rows on the engine's own schedule: each row decodes "
                    "as soon as its prefill is in, beside the rows already decoding, so the "
                    "first rows decode part of their answer in smaller batches",
+        "latecomers": f"the same {BATCH} rows, each submitted once the rows before it "
+                      "decode: every row but the first joins a busy batch at its pace, its "
+                      "prompt riding the rows' steps where the model takes riders (the "
+                      "batch taking plain steps meanwhile)",
     }
     if "solo" in arms:
         descriptions["solo"] = (f"the same {BATCH} requests, each asking for a lane of its "
