@@ -55,7 +55,7 @@ def test_plan_step(wants: list[tuple[int, float]], batch: int, c: StepCosts,
 
 @pytest.mark.parametrize(("wants", "batch", "c", "expected", "why"), [
     ([(3, 2.8)] * 8, 8, costs(p8=0.05, v8_4=0.06), [0] * 8,
-     "a winning verify waits: the prompt's share is of the rows' plain step"),
+     "a winning verify waits while a prompt joins at the rows' pace"),
     ([(3, 2.5), (2, 2.0)], 2, costs(p2=0.02), [0, 0],
      "no verify size tried while a step may carry the prompt (it could not be timed)"),
     ([(3, 2.5)], 1, costs(p1=0.01, v1_4=0.02), [3], "a row alone still follows its own"),
