@@ -747,9 +747,12 @@ class Engine:
         with self.lock:
             self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
         wants = [self._wanted(r) for r in lane.rows]
-        joining = any(self._prefill_time(g) is not None for g in self.groups)
+        drafting = any(d for d, _ in wants)
+        # (asked only where it could decide: some row drafts, in a batch)
+        joining = drafting and B > 1 and any(self._prefill_time(g) is not None
+                                             for g in self.groups)
         depths = plan_step(wants, B, self.costs, joining)
-        if any(d for d, _ in wants) and not any(depths):
+        if drafting and not any(depths):
             why = "prompt_joining" if joining else "batch_not_profitable"
             for r, (d, _) in zip(lane.rows, wants, strict=True):
                 if d and r.report.state == "declined:no_proposal":

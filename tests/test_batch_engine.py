@@ -107,6 +107,18 @@ def mixed_ref(pair: tuple[Any, Any, Any]) -> Run:
     return run(pair, spec=("model", None, "model", None))
 
 
+def each_as_alone(model: Any, tok: Any, prompts: dict[str, list[int]],
+                  budgets: dict[str, int], results: dict[str, DecodeResult | None]) -> None:
+    """Every greedy answer equals its prompt decoded alone (fp16, 4,096 context)."""
+    for rid, prompt in prompts.items():
+        got = results[rid]
+        assert got is not None
+        want = decode(model, tok, prompt, SamplingParams(max_tokens=budgets[rid],
+                                                         temperature=0),
+                      kv="fp16", context_length=4096)
+        assert got.text == want.text, rid
+
+
 def alone(pair: tuple[Any, Any, Any], i: int) -> str:
     model, tok, _ = pair
     return decode(model, tok, tok.encode(PROMPTS[i]), PARAMS[i], kv=LANES[i],
@@ -330,13 +342,7 @@ def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
     # prompt of the cohort did, and every token of the latecomer's that rode is counted.
     assert rode and {rid for rid, _ in rode} == {"late"}, rode
     assert sum(n for _, n in rode) <= len(prompts["late"]) - 1
-    for rid, prompt in prompts.items():
-        got = results[rid]
-        assert got is not None
-        want = decode(model, tok, prompt, SamplingParams(max_tokens=budgets[rid],
-                                                         temperature=0),
-                      kv="fp16", context_length=4096)
-        assert got.text == want.text, rid
+    each_as_alone(model, tok, prompts, budgets, results)
 
 
 @pytest.mark.parametrize("params", [
@@ -422,10 +428,4 @@ def test_a_batch_takes_plain_steps_while_a_prompt_joins_at_its_pace(
     assert any(j for _, j in steps), "the late prompt joined at the rows' pace"
     assert not any(v and j for v, j in steps), "no verify step while it joined"
     assert any(v and not j for v, j in steps)
-    for rid, prompt in prompts.items():
-        got = results[rid]
-        assert got is not None
-        want = decode(model, tok, prompt, SamplingParams(max_tokens=budgets[rid],
-                                                         temperature=0),
-                      kv="fp16", context_length=4096)
-        assert got.text == want.text, rid
+    each_as_alone(model, tok, prompts, budgets, results)
