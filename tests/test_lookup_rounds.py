@@ -151,6 +151,10 @@ def test_rows_batched_together_draft_by_lookup_and_keep_their_bytes(
     monkeypatch.setattr(spec.costs, "observe_plain", lambda *a, **k: None)
     monkeypatch.setattr(batch, "observe", lambda stats, drafted, kept, seconds:
                         observe(stats, drafted, kept, None))  # acceptance, not time
+    # ... and the batch verifies whenever its rows draft: whether a verify step pays at
+    # 2 rows is the engine's measured step times (seatd.batch_policy), this machine's load.
+    monkeypatch.setattr(batch, "plan_step", lambda wants, size, costs, joining=False:
+                        [d for d, _ in wants])
     together = answers(target, spec, params, prompts)
     for got, want in zip(together, alone, strict=True):
         assert got.token_ids == want.token_ids
