@@ -37,17 +37,20 @@ Darwin)
     ;;
 esac
 
-PY=""
-for candidate in python3.13 python3.12 python3.11 python3; do
-    if command -v "$candidate" >/dev/null 2>&1 && \
-        "$candidate" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
-        PY=$candidate
-        break
-    fi
-done
-[ -n "$PY" ] || { echo "setup: Python 3.11 or newer is required" >&2; exit 1; }
-
+# The virtual environment's Python: SANCTUM_PYTHON where set, else the fastest Python
+# 3.11+ on the PATH, timed by deploy/interp_speed.py (why: its docstring).
+PY=${SANCTUM_PYTHON:-}
+if [ -z "$PY" ] && [ ! -x "$VENV/bin/python" ]; then
+    for boot in python3 python3.13 python3.12 python3.11; do
+        if command -v "$boot" >/dev/null 2>&1; then
+            echo "setup: timing the Pythons on the PATH (deploy/interp_speed.py)"
+            PY=$("$boot" deploy/interp_speed.py --pick) || PY=""
+            break
+        fi
+    done
+fi
 if [ ! -x "$VENV/bin/python" ]; then
+    [ -n "$PY" ] || { echo "setup: Python 3.11 or newer (with venv and ensurepip) is required" >&2; exit 1; }
     echo "setup: creating $VENV with $PY"
     "$PY" -m venv "$VENV"
 fi
