@@ -148,13 +148,14 @@ def ignored_header(names: tuple[str, ...]) -> str:
     return ", ".join(shown)
 
 
-@functools.cache
-def _refusable(kind: type[msgspec.Struct]) -> tuple[tuple[str, Field], ...]:
-    return tuple((name, FIELDS[name]) for name in kind.__struct_fields__
-                 if name in FIELDS and FIELDS[name].action == "refused")
-
-
 Refusable = tuple[tuple[str, str, tuple[Any, ...]], ...]  # (field, reason, allowed)
+
+
+@functools.cache
+def _refusable(kind: type[msgspec.Struct]) -> Refusable:
+    return tuple((name, FIELDS[name].reason, FIELDS[name].allowed)
+                 for name in kind.__struct_fields__
+                 if name in FIELDS and FIELDS[name].action == "refused")
 
 
 def refuse_asked(req: msgspec.Struct, refusable: Refusable) -> None:
@@ -175,5 +176,4 @@ def refuse_asked(req: msgspec.Struct, refusable: Refusable) -> None:
 
 def refuse_unsupported(req: msgspec.Struct) -> None:
     """`refuse_asked` by this table, for the chat and completions bodies."""
-    refuse_asked(req, tuple((name, spec.reason, spec.allowed)
-                            for name, spec in _refusable(type(req))))
+    refuse_asked(req, _refusable(type(req)))

@@ -100,7 +100,10 @@ def machine(model: str) -> dict[str, str]:
         "platform": f"{platform.system()} {platform.machine()}",
         "cpu": _cpu_name(),
         "cores": str(cores),
-        "python": platform.python_version(),
+        # the version and its build: the same version built with and without profile-
+        # guided optimisation runs pure Python 1.3-1.5x apart (deploy/interp_speed.py)
+        "python": f"{platform.python_version()} (built {platform.python_build()[1]}, "
+                  f"{platform.python_compiler()})",
         "mlx": version("mlx"),
         "mlx-lm": version("mlx-lm"),
         "openai": version("openai"),
