@@ -345,9 +345,10 @@ def section(run: Run, plot: str | None, name: str | None = None) -> list[str]:
     except NotInterleaved as exc:
         return [*lines, f"**Refused:** the arms were not interleaved ({exc}).", ""]
     m = run.machine
+    python = f", Python {m['python']}" if "python" in m else ""
     lines += [f"{run.title}. Run `{run.run_id}`, {m.get('date', '?')}, model "
-              f"`{m.get('model', '?')}`; {run.rounds} rounds of which {run.warmup} warm-up, "
-              f"seed {run.seed}.", ""]
+              f"`{m.get('model', '?')}`{python}; {run.rounds} rounds of which {run.warmup} "
+              f"warm-up, seed {run.seed}.", ""]
     for a in run.arms:
         lines.append(f"- **{a.name}**: {a.description}")
     lines.append("")
