@@ -140,7 +140,11 @@ def test_report_renders_neighbours_without_interleaving() -> None:
 def test_latecomers_join_a_busy_batch_and_ride_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The latecomers arm submits each row once the one before it decodes: every row but
     the first joins rows already decoding, at their pace, and rides their steps (the
-    demo's attention takes riders); each answer, seeded and keyed, is its own alone."""
+    demo's attention takes riders); each answer, seeded and keyed, is its own alone.
+    Whether a chunk rides or takes a forward of its own is the engine's measured ride and
+    prefill costs (`seatd.batch_policy.ride_tokens`), this machine's load: here every
+    chunk that can ride does, as before any ride was measured (a 13x skew between the
+    two once made the second latecomer prefill on its own)."""
     from sanctum.bench.flips import Case
     from sanctum.bench.neighbours import decode_rows
     from seatd import batch
@@ -160,6 +164,9 @@ def test_latecomers_join_a_busy_batch_and_ride_it(monkeypatch: pytest.MonkeyPatc
         real(self, aboard)
 
     monkeypatch.setattr(batch.Engine, "_ridden", ridden)
+    measured = batch.ride_tokens
+    monkeypatch.setattr(batch, "ride_tokens", lambda ride, own, limit, n, first:
+                        measured(None, own, limit, n, first))
     late, _ = decode_rows(loaded, None, cases, "plain", 24, late=True)
     assert set(rode) == {"n1", "n2"}, rode
     for case, answer in zip(cases, late, strict=True):
