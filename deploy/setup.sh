@@ -57,9 +57,12 @@ fi
 # Exactly the tested versions, each file checked against its hash (`make lock` writes
 # the lock); then Sanctum itself, which adds nothing the lock does not hold.
 LOCK=requirements/lock.txt
+PIP_VERSION=26.3
 STAMP="$VENV/.sanctum-installed"
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ "$LOCK" -nt "$STAMP" ]; then
-    "$VENV/bin/python" -m pip install -q --upgrade pip
+    # pip itself at a tested version, as the lock pins the rest (a venv's own pip is
+    # as old as its Python's ensurepip)
+    "$VENV/bin/python" -m pip install -q "pip==$PIP_VERSION"
     "$VENV/bin/python" -m pip install -q --require-hashes -r "$LOCK"
     "$VENV/bin/python" -m pip install -q --no-deps -e .
     touch "$STAMP"
