@@ -1,7 +1,7 @@
 """Which Python to build the virtual environment on: the fastest 3.11+ on the PATH.
 
     python3 deploy/interp_speed.py           ->  seconds for a fixed loop, best of 3
-    python3 deploy/interp_speed.py --pick    ->  the fastest interpreter's path
+    python3 deploy/interp_speed.py --pick    ->  the fastest interpreter, as the PATH names it
 
 The loop is shaped like the Python side of proxyd's work (calls, attribute reads,
 dict work, small objects, string building, a generator).  The same CPython version
@@ -93,8 +93,10 @@ def pick() -> str:
                 best[real] = min(best[real], float(out.stdout))
     ranked = sorted((s, real) for real, s in best.items() if s < float("inf"))
     for s, real in ranked:
-        print(f"  {s:.4f} s  {real}", file=sys.stderr)
-    return ranked[0][1] if ranked else ""
+        print(f"  {s:.4f} s  {found[real]}", file=sys.stderr)
+    # The path it was found by, not the binary's own: a package manager's stable link
+    # (Homebrew's bin/python3.12) outlives the versioned folder it points into.
+    return found[ranked[0][1]] if ranked else ""
 
 
 def main(argv: list[str]) -> int:

@@ -41,7 +41,7 @@ def test_pick_counts_one_binary_once_and_passes_over_what_cannot_make_a_venv(
     monkeypatch.setenv("PATH", f"{one}{os.pathsep}{two}")
     mod = _module()
     assert mod.candidates() == {here: str(one / "python3")}
-    assert mod.pick() == here
+    assert mod.pick() == str(one / "python3")  # named as the PATH names it
 
 
 def test_pick_finds_nothing_on_an_empty_path(tmp_path: Path,
