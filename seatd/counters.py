@@ -69,6 +69,7 @@ class SeatCounters:
                                        "rows_active": 0, "rows_queued": 0, "kv_bytes": 0}
         # The speculation cost model's terms now, in microseconds (`seatd.spec_costs`).
         self.spec_costs: dict[str, int] = {}
+        self.device = ""  # what computes: backend and device name (`seatd.backend`)
         self._load()
 
     def _load(self) -> None:
@@ -161,6 +162,8 @@ class SeatCounters:
         out["refused_prompts"] = {"count": r.count, "median": r.median, "max": r.max}
         out.update(self.gauges)
         out["spec_cost_us"] = dict(self.spec_costs)
+        if self.device:
+            out["device"] = self.device
         out["incarnation"] = self.incarnation
         out["started_at"] = self.started_at
         return out

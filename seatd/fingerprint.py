@@ -41,6 +41,15 @@ def _version(package: str) -> str:
         return "none"
 
 
+def fingerprint_device(backend: str) -> str:
+    """A fingerprint's device: "cpu"; "gpu" for Metal (its name before CUDA ran); CUDA's
+    with the attention rule that decides its verified tokens' rounding there
+    (`seatd.rows_attention.CUDA_RULE`)."""
+    from seatd.rows_attention import CUDA_RULE
+
+    return {"cpu": "cpu", "metal": "gpu"}.get(backend, f"{backend}/{CUDA_RULE}")
+
+
 def fingerprint(model: str, compute_dtype: str, kv: str, device: str, rule: str,
                 grid: int) -> str:
     """`fp_` and 16 hex digits naming (model digest, dtype, lane, stack, platform, rule)."""

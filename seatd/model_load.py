@@ -33,7 +33,8 @@ from mlx_lm.models import cache as mlx_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import dequantize_model, load
 
-from seatd import dtype_check, recurrent
+from seatd import dtype_check, recurrent, rows_attention
+from seatd.backend import backend, device_name
 from shared.builtin import tokenizer_hash
 from shared.model_trust import UntrustedCode, own_code
 
@@ -177,6 +178,9 @@ def load_for_compute(model_dir: Path, compute_dtype: str | None = None,
 
     computed_bytes = _materialize(model, report)
     rollback = recurrent.enable(model)
+    # Every attention of the model's layers through the seat's, which computes it as the
+    # backend can exactly (`seatd.rows_attention.library`), a request alone's included.
+    rows_attention.install(model)
     try:
         leaks = dtype_check.leaks(model, mlx_cache.make_prompt_cache(model), range(8))
     except Exception as exc:  # a layout the check does not know: say so, load anyway
@@ -189,6 +193,8 @@ def load_for_compute(model_dir: Path, compute_dtype: str | None = None,
         "model_loaded",
         path=str(model_dir),
         device="cpu" if cpu else "gpu",
+        backend=backend(),
+        device_name=device_name(),
         compute_dtype=chosen,
         requested=compute_dtype or "auto",
         was_quantized=quantized,

@@ -16,6 +16,23 @@ Rebinding a library's name is a patch; it is the one hook mlx-lm offers between 
 cache and its attention.  A model whose layers do more with the keys than hand them on
 (a new architecture) is caught by `RowsCache.for_model`'s probe, and its batch keeps
 one buffer (`seatd.rows_cache`).
+
+`library` is mlx-lm's attention as each backend computes it exactly.  On the CPU and on
+Metal it is mlx-lm's function itself.  On CUDA (MLX 0.32, measured on an H200):
+- a fused attention over more than one query builds a cuDNN graph for every new shape:
+  50-70 ms the first time a key length is seen, 0.08 ms after.  A verify step's key
+  length is new every round, so a depth-1 round took 23-47 ms against a 1.4 ms plain
+  step.  And the one-query kernel (`sdpa_vector`) rounds otherwise than the multi-query
+  path: a token verified in a block differed in its logits (0.125 at bfloat16) from the
+  same token stepped plainly, which flipped seeded answers.  So a block of up to
+  `SPLIT_QUERIES` queries runs as that many one-query attentions, each over its own causal
+  prefix of the keys: the plain step's own kernel at the plain step's own shapes, so a
+  verified token's attention is bit for bit the plain step's;
+- a wider block (a prefill chunk) is composed of matmuls and a softmax (no per-shape
+  graph) while its scores stay under `COMPOSED_SCORES`, else takes the fused kernel;
+- the 8-bit quantized matmul has no kernel for attention's batched shapes ("No
+  implementation for problem shape"), so a q8 cache's keys and values are dequantized
+  (its own group size and bits) and the float path above takes them.
 """
 
 from __future__ import annotations
@@ -27,8 +44,13 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models import base
 
+from seatd.backend import backend
+
 _LIBRARY = base.scaled_dot_product_attention
 NAME = "scaled_dot_product_attention"
+SPLIT_QUERIES = 16  # on CUDA a block this narrow attends query by query
+COMPOSED_SCORES = 1 << 26  # on CUDA a wider block is composed while B*H*n*S stays under this
+CUDA_RULE = f"split{SPLIT_QUERIES}-composed-v1"  # in a CUDA seat's fingerprint
 
 
 @dataclass(frozen=True)
@@ -61,22 +83,80 @@ def attention(queries: mx.array, keys: Any, values: Any, cache: Any, scale: floa
               mask: Any, sinks: Any = None) -> mx.array:
     """mlx-lm's attention, segment by segment where the keys are `Ragged`."""
     if not isinstance(keys, Ragged):
-        return _LIBRARY(queries, keys, values, cache=cache, scale=scale, mask=mask,
-                        sinks=sinks)
+        return library(queries, keys, values, cache, scale, mask, sinks)
     if not isinstance(values, Ragged) or len(values.segs) != len(keys.segs):
         raise TypeError("ragged keys need ragged values of the same segments")
     outs = []
     for (a, b, col, k), (_, _, _, v) in zip(keys.segs, values.segs, strict=True):
         m = mask[a:b, ..., col:] if isinstance(mask, mx.array) else mask
-        outs.append(_LIBRARY(queries[a:b], k, v, cache=cache, scale=scale, mask=m,
-                             sinks=sinks))
+        outs.append(library(queries[a:b], k, v, cache, scale, m, sinks))
     if keys.rider_from >= 0:  # the riding prompt's tokens, causal over its own cache
         q = queries[keys.rider_from:]
-        out = _LIBRARY(fold(q), keys.rider, values.rider, cache=keys.rider_cache,
-                       scale=scale, mask="causal",  # type: ignore[arg-type]  # mlx-lm passes
-                       sinks=sinks)  # "causal" itself; its annotation says arrays only
+        out = library(fold(q), keys.rider, values.rider, keys.rider_cache, scale, "causal",
+                      sinks)
         outs.append(unfold(out, q.shape[0]))
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=0)
+
+
+def library(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float,
+            mask: Any, sinks: Any = None, on: str | None = None) -> mx.array:
+    """mlx-lm's attention, as the backend `on` (default: this process's) computes it
+    exactly (see the module's docstring)."""
+    if (on or backend()) != "cuda":
+        return _LIBRARY(queries, keys, values, cache=cache, scale=scale, mask=mask,
+                        sinks=sinks)
+    if hasattr(cache, "bits"):  # no 8-bit quantized matmul of these shapes here
+        keys, values = (mx.dequantize(w, scales, biases, group_size=cache.group_size,
+                                      bits=cache.bits) for w, scales, biases in (keys, values))
+        cache = None
+    n = queries.shape[2]
+    causal = isinstance(mask, mx.array) or mask == "causal"
+    if n == 1 or not causal:
+        return _LIBRARY(queries, keys, values, cache=cache, scale=scale, mask=mask,
+                        sinks=sinks)
+    if n <= SPLIT_QUERIES:
+        outs = []
+        for i in range(n):
+            k, v, m = _prefix(keys, values, mask, n, i)
+            outs.append(_LIBRARY(queries[:, :, i : i + 1], k, v, cache=cache, scale=scale,
+                                 mask=m, sinks=sinks))
+        return mx.concatenate(outs, axis=2)
+    if sinks is None and queries.shape[0] * queries.shape[1] * n * keys.shape[2] \
+            <= COMPOSED_SCORES:
+        return composed(queries, keys, values, scale, mask)
+    return _LIBRARY(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _prefix(keys: mx.array, values: mx.array, mask: Any, n: int, i: int
+            ) -> tuple[mx.array, mx.array, Any]:
+    """Query i of a causal block of n: the keys and values up to its own position, and
+    its row of the mask over them (every multi-query mask of mlx-lm's and of the rows
+    cache is causal: query i sees no column past the block's i-th)."""
+    end = keys.shape[2] - n + i + 1
+    m: Any = None  # "causal": its prefix is all it sees
+    if isinstance(mask, mx.array):
+        m = mask[..., i : i + 1, :end] if mask.shape[-2] == n else mask[..., :end]
+    return keys[:, :, :end], values[:, :, :end], m
+
+
+def composed(queries: mx.array, keys: mx.array, values: mx.array, scale: float,
+             mask: Any) -> mx.array:
+    """Attention as matmuls and a precise softmax, heads grouped by their key head as
+    mlx-lm's quantized attention groups them; `mask` "causal", None, boolean or additive."""
+    B, H, n, D = queries.shape
+    kv_heads, S = keys.shape[1], keys.shape[2]
+    q = (queries * scale).reshape(B, kv_heads, H // kv_heads, n, D)
+    scores = q @ mx.expand_dims(keys, 2).swapaxes(-1, -2)  # (B, kv heads, repeats, n, S)
+    if isinstance(mask, str):
+        mask = mx.arange(S - n, S)[:, None] >= mx.arange(S)[None]
+    if isinstance(mask, mx.array):
+        if mask.ndim == 4:  # (B, heads or 1, n or 1, S): a repeats axis beside the heads
+            mask = (mx.expand_dims(mask, 2) if mask.shape[1] == 1
+                    else mask.reshape(mask.shape[0], kv_heads, H // kv_heads, *mask.shape[2:]))
+        scores = (mx.where(mask, scores, mx.finfo(scores.dtype).min)
+                  if mask.dtype == mx.bool_ else scores + mask)
+    weights = mx.softmax(scores, axis=-1, precise=True)
+    return (weights @ mx.expand_dims(values, 2)).reshape(B, H, n, D)
 
 
 def install(model: Any) -> bool:

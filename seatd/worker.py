@@ -32,10 +32,11 @@ import zmq.asyncio
 
 from seatd import blas
 from seatd.answer import seam
+from seatd.backend import backend, device_name
 from seatd.batch import Engine, RowCancelled, Work
 from seatd.counters import SeatCounters
 from seatd.decode import PREFILL_CHUNK, DecodeResult, output_width
-from seatd.fingerprint import fingerprint, model_digest
+from seatd.fingerprint import fingerprint, fingerprint_device, model_digest
 from seatd.grammar import GrammarError, GrammarRefusal, SeatGrammar
 from seatd.kv_budget import KVBudget, row_bytes
 from seatd.prompt_cache import SeatPromptCache
@@ -247,7 +248,7 @@ class SeatWorker:
     # -- work -------------------------------------------------------------
 
     def load(self) -> Loaded:
-        from seatd.model_load import load_for_compute, on_cpu
+        from seatd.model_load import load_for_compute
         from shared.builtin import resolve_model
         from shared.config import resolve_path
         from shared.model_trust import UntrustedCode, trust_refusal
@@ -264,7 +265,7 @@ class SeatWorker:
         cap = self.seat.max_prompt_tokens or default_seat_cap(got.context_length)
         spec = SeatSpeculation(self.config, self.seat, got.model, got.tokenizer_hash)
         digest = model_digest(path)
-        device = "cpu" if on_cpu() else "gpu"
+        device = fingerprint_device(backend())
         prints = {kv: fingerprint(digest, got.compute_dtype, kv, device, KEYED_RULE,
                                   PREFILL_CHUNK) for kv in ("fp16", "q8")}
         cache = SeatPromptCache(self.seat, got.model)
@@ -564,8 +565,11 @@ class SeatWorker:
                 log.error("model_load_failed", model=self.seat.model, error=str(exc))
                 exitcodes.record_reason(str(exc) or type(exc).__name__)
                 return exitcodes.MODEL_LOAD
+            self.counters.device = f"{backend()}: {device_name()}"
+            self.counters.persist()  # `sanctum status` names the device from here
             log.info("worker_ready", context_length=self.loaded.context_length,
-                     tokenizer_hash=self.loaded.tokenizer_hash[:16])
+                     tokenizer_hash=self.loaded.tokenizer_hash[:16], backend=backend(),
+                     device=device_name())
             assert self.loaded.engine is not None
             engine = self.loaded.engine
             server = self.loop.run_in_executor(self.mlx, engine.run)

@@ -37,3 +37,16 @@ def test_model_digest_follows_file_contents(tmp_path: Path) -> None:
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
     assert model_digest(copy) != digest
+
+
+def test_the_device_part_names_cudas_attention_rule() -> None:
+    """The CPU and Metal keep their names (their answers' bytes did not change); a CUDA
+    seat's names the attention rule that decides how its verified tokens round."""
+    from seatd.fingerprint import fingerprint_device
+    from seatd.rows_attention import CUDA_RULE
+
+    assert fingerprint_device("cpu") == "cpu"
+    assert fingerprint_device("metal") == "gpu"
+    assert fingerprint_device("cuda") == f"cuda/{CUDA_RULE}"
+    assert len({fingerprint("m", "bfloat16", "fp16", fingerprint_device(b), "r", 512)
+                for b in ("cpu", "metal", "cuda")}) == 3

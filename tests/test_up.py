@@ -12,6 +12,7 @@ import openai
 import psutil
 import pytest
 
+from seatd.backend import backend
 from tests.procs import Sanctum, assert_gone, http, running, wait_for
 
 pytestmark = pytest.mark.slow
@@ -117,6 +118,7 @@ def test_models_health_counters_metrics(up: Sanctum) -> None:
     assert data["proxy"]["requests"] >= 1
     seat = data["seats"]["demo"]
     assert seat["served"] >= 1 and seat["prompt_tokens"] > 0 and seat["completion_tokens"] > 0
+    assert seat["device"].startswith(f"{backend()}: ")  # what computes, in the seat's words
     assert data["proxy"]["answered_by"]["demo"] <= seat["served"]
     code, _, body = http("GET", up.url + "/metrics")
     text = body.decode()

@@ -1,0 +1,46 @@
+"""Which MLX backend computes in this process, and what the seat calls its device.
+
+    backend() -> "cpu" | "metal" | "cuda"     where the default device's work runs
+    device_name() -> str                      e.g. "NVIDIA H200", "Apple M4", "cpu (AMD EPYC)"
+
+A backend decides more than speed here: which fused kernels exist (MLX 0.32's CUDA build
+has no 8-bit quantized matmul for attention's batched shapes) and what a multi-query
+attention costs the first time it sees a shape (`seatd.rows_attention`).  The answer
+follows the default device, so a test that moves it to the CPU is answered for the CPU.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import mlx.core as mx
+
+
+@cache
+def _gpu_kind() -> str:
+    """The GPU backend MLX was built with: "cuda", "metal", or "" (none)."""
+    cuda: Any = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return "cuda"
+    if mx.metal.is_available():
+        return "metal"
+    return ""
+
+
+def backend() -> str:
+    if mx.default_device() == mx.cpu:
+        return "cpu"
+    return _gpu_kind() or "cpu"
+
+
+def device_name() -> str:
+    """The device as MLX names it (the CPU's model beside "cpu")."""
+    try:
+        info: dict[str, Any] = dict(mx.device_info())
+    except Exception:  # an MLX without device_info: the backend alone
+        info = {}
+    name = str(info.get("device_name", "")).strip()
+    if backend() == "cpu":
+        return f"cpu ({name})" if name else "cpu"
+    return name or backend()
