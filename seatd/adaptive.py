@@ -21,6 +21,7 @@ Two levels:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -29,6 +30,8 @@ PRIOR_ACCEPT = 0.6  # a position's acceptance before any round was seen
 PRIOR_WEIGHT = 2.0  # the seat's acceptance counts as this many rounds of the request's
 PARK_TOKENS = 8  # plain tokens between probe rounds while parked at depth 0 (at first)
 PARK_DOUBLINGS = 3  # a burst grows to at most PARK_TOKENS * 2**PARK_DOUBLINGS
+PROBE_SHARE = 0.05  # a parked request's failed probes cost at most this share of its time
+PARK_CAP = 1024  # ... in bursts of at most this many plain tokens
 ALPHA = 0.1  # weight of a new observation
 PROBE_EVERY = 8  # requests between probes of a neighbouring depth
 WARM_ORDER = (3, 5, 1, 0, 2, 4, 6)  # each depth serves one request before rates decide
@@ -82,13 +85,26 @@ def choose_depth(s: DepthStats) -> int:
     return best
 
 
-def park_tokens(parks: int) -> int:
+def park_tokens(parks: int, seconds: Sequence[float] | None = None) -> int:
     """Plain tokens in a request's next parked burst, after `parks` bursts in a row whose
     probe round did not bring its policy back to drafting: PARK_TOKENS, doubled each
     time, up to PARK_DOUBLINGS times.  A probe round is exploration paid for at a failed
     round's cost; a request whose own rounds keep saying no explores less often, and one
-    that drafts again starts over.  Pure."""
-    return PARK_TOKENS << min(max(parks, 0), PARK_DOUBLINGS)
+    that drafts again starts over.
+
+    `seconds` (a round's time at each depth, 0: a plain token, as `RoundPolicy` holds
+    them): the burst is also long enough that a failed probe, the cheapest round less the
+    plain token it still yields, costs at most PROBE_SHARE of the burst's time (at most
+    PARK_CAP tokens).  Where a round costs many plain tokens (on a GPU whose host work per
+    round outweighs a 1 ms forward) a parked request then probes seldom, by the measured
+    times, not by a count tuned on one device.  Pure."""
+    tokens = PARK_TOKENS << min(max(parks, 0), PARK_DOUBLINGS)
+    if seconds is None or len(seconds) < 2 or seconds[0] <= 0:
+        return tokens
+    excess = min(seconds[1:]) - seconds[0]
+    if excess <= 0:
+        return tokens
+    return max(tokens, min(PARK_CAP, math.ceil(excess / (seconds[0] * PROBE_SHARE))))
 
 
 def observe(s: DepthStats, depth: int, kept: int, seconds: float | None) -> None:

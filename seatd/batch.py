@@ -855,7 +855,7 @@ class Engine:
             if choice is not None and row.by_lookup:
                 return choice.depth, choice.expected
             if want == 0:
-                row.park_left, row.probe = park_tokens(row.parks) - 1, True
+                row.park_left, row.probe = park_tokens(row.parks, policy.seconds) - 1, True
                 row.parks += 1
                 return 0, 1.0
         depth = max(0, min(want, room))

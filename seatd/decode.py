@@ -236,7 +236,7 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
             parks = 0
         if policy is not None and wanted == 0:
             # Parked: a burst of pipelined plain tokens, then a probe round.
-            n = min(park_tokens(parks), budget - produced)
+            n = min(park_tokens(parks, policy.seconds), budget - produced)
             parks += 1
             burst = _plain(model, cache, y, params, draws, n, produced, shaper)
             spent = 0.0  # decoding time only, not the consumer's between tokens

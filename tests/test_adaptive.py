@@ -140,3 +140,20 @@ def test_expected_tokens_at_every_depth_in_one_pass_equal_each_depths_own(
             total += run
         assert got[k] == total
     assert p.best(0, 4) <= 4 and p.best(2) >= 2
+
+
+@pytest.mark.parametrize(("parks", "seconds", "tokens"), [
+    (0, None, 8),                                  # no times: the doubling alone
+    (0, (0.022, 0.035, 0.047), 12),                # CPU-like: a round 13 ms over a token
+    (0, (0.0014, 0.003, 0.004), 23),               # GPU, cheap rounds: 1.6 ms over 1.4
+    (0, (0.0014, 0.047, 0.064), 652),              # GPU, 47 ms rounds: probe very seldom
+    (3, (0.0014, 0.003, 0.004), 64),               # the doubling, where it is longer
+    (0, (0.0014, 1.0, 2.0), 1024),                 # never past PARK_CAP
+    (0, (0.01, 0.008, 0.02), 8),                   # a round cheaper than a token: no floor
+    (0, (0.0, 0.01), 8),                           # no plain time measured: the doubling
+])
+def test_parked_bursts_pay_for_their_probes(parks: int, seconds: tuple[float, ...] | None,
+                                            tokens: int) -> None:
+    """A burst is long enough that a failed probe (the cheapest round, less the plain token
+    it yields) costs at most PROBE_SHARE of the burst: measured times, not a count."""
+    assert park_tokens(parks, seconds) == tokens
