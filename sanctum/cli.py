@@ -259,12 +259,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(msgspec.to_builtins(reply), indent=2))
         return 0
     print(f"{'seat':<16}{'state':<10}{'pid':>8}{'rss MB':>9}{'uptime':>9}{'restarts':>9}"
-          f"{'incarn.':>8}  last exit")
+          f"{'incarn.':>8}  {'last exit':<12}device")
     for s in reply.seats:
         rss = f"{s.rss_bytes / 2**20:.0f}" if s.rss_bytes else "-"
         up = f"{s.uptime_s:.0f}s" if s.uptime_s is not None else "-"
         print(f"{s.name:<16}{s.state:<10}{s.pid or '-':>8}{rss:>9}{up:>9}{s.restarts:>9}"
-              f"{s.incarnation:>8}  {s.last_exit or '-'}")
+              f"{s.incarnation:>8}  {s.last_exit or '-':<12}{s.device or '-'}")
     return 0
 
 

@@ -320,8 +320,17 @@ class Supervisor:
             rows.append(protocol.SeatStatus(
                 name=seat.name, state=seat.state.state.value, pid=pid, rss_bytes=rss,
                 uptime_s=uptime, restarts=seat.state.restarts, incarnation=seat.incarnation,
-                last_exit=seat.state.last_exit))
+                last_exit=seat.state.last_exit, device=self.device_of(seat.name)))
         return protocol.StatusReply(tuple(rows), self.bad_control_frames)
+
+    def device_of(self, name: str) -> str:
+        """What the seat's worker said computes its model, from its counters file ("":
+        not loaded yet)."""
+        try:
+            got = json.loads((self.state_dir / f"counters-{name}.json").read_text())
+        except (OSError, ValueError):
+            return ""
+        return str(got.get("device", "")) if isinstance(got, dict) else ""
 
     def counters(self) -> protocol.SeatCounters:
         out: dict[str, dict[str, object]] = {}

@@ -404,6 +404,7 @@ class SeatStatus(msgspec.Struct, frozen=True):
     restarts: int
     incarnation: int
     last_exit: str | None
+    device: str = ""  # "cuda: NVIDIA H200", "metal: Apple M4", "cpu: cpu (...)"; "": not yet
 
 
 class StatusReply(msgspec.Struct, frozen=True, tag="status_reply"):

@@ -191,6 +191,11 @@ def test_missing_model_is_fatal_with_its_reason(trio: Sanctum) -> None:
     assert "FATAL" in line and f"{MISSING} does not exist" in line, shown.stdout
     a_line = next(row for row in shown.stdout.splitlines() if row.startswith("a "))
     assert "READY" in a_line or "BUSY" in a_line
+    # the device column: what the worker said computes its model; none for a seat that
+    # never loaded one
+    assert a_line.rstrip().endswith(status(s)["a"].device) and status(s)["a"].device
+    assert status(s)["a"].device.split(":")[0] in ("cpu", "cuda", "metal")
+    assert status(s)["broken"].device == "" and line.rstrip().endswith("-")
 
 
 def test_model_that_fails_to_load_is_fatal_in_the_workers_words(
