@@ -8,7 +8,10 @@ OPENBLAS := $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0 /u
 
 # The tested versions of every dependency, with the hash of every file, for Linux and
 # macOS and every Python the project supports: `make setup` installs exactly these.
+# lock.txt holds MLX's CPU backend for Linux (and Metal for macOS); lock-cuda.txt the same
+# set with MLX's CUDA 13 backend instead, for Linux with an NVIDIA GPU.
 LOCK := requirements/lock.txt
+LOCK_CUDA := requirements/lock-cuda.txt
 UV_VERSION := 0.13.9
 LOCK_ARGS ?= --upgrade
 
@@ -19,8 +22,13 @@ setup:
 # (LOCK_ARGS= keeps the locked versions that still fit).  Then `make test`, and commit.
 lock: setup
 	$(PY) -m pip install -q 'uv==$(UV_VERSION)'
-	$(VENV)/bin/uv pip compile pyproject.toml --extra test --universal --python-version 3.11 \
-		--generate-hashes --no-config --custom-compile-command 'make lock' -o $(LOCK) $(LOCK_ARGS)
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra cpu --universal \
+		--python-version 3.11 --generate-hashes --no-config --custom-compile-command 'make lock' \
+		-o $(LOCK) $(LOCK_ARGS)
+	cp $(LOCK) $(LOCK_CUDA)  # the same versions, where both hold them
+	$(VENV)/bin/uv pip compile pyproject.toml --extra test --extra cuda --universal \
+		--python-version 3.11 --generate-hashes --no-config --custom-compile-command 'make lock' \
+		-o $(LOCK_CUDA)
 
 up: setup
 	$(VENV)/bin/sanctum up
