@@ -71,6 +71,23 @@ def test_results_round_trip_and_write_report(tmp_path: Path) -> None:
     assert "![stack](bench/stack.png)" in text
 
 
+def test_runs_on_a_gpu_render_as_a_part_of_their_own(tmp_path: Path) -> None:
+    """results/gpu/ renders after the page as "On a GPU": its own machine table (the device
+    named), its headings marked GPU, only what ran there, and its plots in bench/gpu/."""
+    save_run(make_run(a_tps=100.0, b_tps=50.0), tmp_path / "results" / "stack.json")
+    gpu = msgspec.structs.replace(make_run(a_tps=300.0, b_tps=100.0),
+                                  machine={"date": "d", "device": "cuda: NVIDIA H200"})
+    save_run(gpu, tmp_path / "results" / "gpu" / "stack.json")
+    text = write_report(tmp_path / "results", tmp_path / "docs" / "BENCHMARKS.md").read_text()
+    cpu_part, gpu_part = text.split("\n# On a GPU\n")
+    assert "**2.00x**" in cpu_part and "**3.00x**" not in cpu_part
+    assert "| device | cuda: NVIDIA H200 |" in gpu_part
+    assert "## GPU: Headline ratios" in gpu_part and "## GPU: 1. Our stack" in gpu_part
+    assert "**3.00x**" in gpu_part and "not run yet" not in gpu_part
+    pytest.importorskip("matplotlib")
+    assert "![stack](bench/gpu/stack.png)" in gpu_part
+
+
 @pytest.mark.parametrize(("times", "tokens", "expected_tps"), [
     ([1.0, 2.0, 3.0], 3, 1.0),    # 2 tokens after the first, in 2 s
     ([1.0, 1.5], 11, 20.0),       # pieces may carry several tokens: usage counts them

@@ -94,12 +94,15 @@ def machine(model: str) -> dict[str, str]:
         except md.PackageNotFoundError:
             return "-"
 
+    from seatd.backend import backend, device_name
+
     cores = os.cpu_count() or 0
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "platform": f"{platform.system()} {platform.machine()}",
         "cpu": _cpu_name(),
         "cores": str(cores),
+        "device": f"{backend()}: {device_name()}",
         # the version and its build: the same version built with and without profile-
         # guided optimisation runs pure Python 1.3-1.5x apart (deploy/interp_speed.py)
         "python": f"{platform.python_version()} (built {platform.python_build()[1]}, "

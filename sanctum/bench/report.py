@@ -446,7 +446,12 @@ def plot_run(run: Run, path: Path) -> bool:
 
 
 def render(runs: dict[str, Run], plot_dir: Path | None,
-           plot: Callable[[Run, Path], bool] = plot_run, rel: str = "bench") -> str:
+           plot: Callable[[Run, Path], bool] = plot_run, rel: str = "bench",
+           gpu: bool = False) -> str:
+    """The page; `gpu`: the part for runs on a GPU (results/gpu/), its headings marked
+    so, and only the comparisons that ran there."""
+    if gpu:
+        return _gpu_part(render(runs, plot_dir, plot, rel))
     lines = [
         "# Benchmarks", "",
         "Every comparison below ran its arms **interleaved** in one run (A B A B ..., the "
@@ -459,13 +464,15 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
         "`sanctum bench report`); `sanctum bench report` alone re-renders this page from "
         "`docs/bench/results/*.json`.", "",
     ]
+    names = [n for o in ORDER for n in ([o, *sorted(k for k in runs if k.startswith(o + "-"))]
+                                         if o in ("spec", "batching") else [o])]
     # The first comparison in report order names the machine (each section names its model).
-    any_run = next((runs[n] for n in ORDER if n in runs and runs[n].machine), None)
+    any_run = next((runs[n] for n in names if n in runs and runs[n].machine), None)
     if any_run:
         m = any_run.machine
         lines += ["| machine | |", "|---|---|"]
-        for k in ("date", "platform", "cpu", "cores", "python", "mlx", "mlx-lm", "openai",
-                  "sanctum", "blas", "model"):
+        for k in ("date", "platform", "cpu", "cores", "device", "python", "mlx", "mlx-lm",
+                  "openai", "sanctum", "blas", "model"):
             if k in m:
                 lines.append(f"| {k} | {m[k]} |")
         lines.append("")
@@ -476,8 +483,6 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
     summary = ["## Headline ratios", "", "| comparison | what | speed ratio | goal |",
                "|---|---|---|---|"]
     body: list[str] = []
-    names = [n for o in ORDER for n in ([o, *sorted(k for k in runs if k.startswith(o + "-"))]
-                                         if o in ("spec", "batching") else [o])]
     for name in names:
         run = runs.get(name)
         if run is None:
@@ -542,6 +547,24 @@ def load_section(data: dict[str, object]) -> list[str]:
         f"{ms(data['p99_s'])} |", ""]
 
 
+GPU = "gpu"  # results/gpu/: runs on a GPU (MLX's CUDA backend, Metal), rendered apart
+
+
+def _gpu_part(page: str) -> str:
+    """A rendered page as the GPU part: its own heading and machine table, the comparisons
+    that ran there (no "not run yet" rows), every section heading marked "GPU"."""
+    lines = page.splitlines()
+    start = next((i for i, line in enumerate(lines)
+                  if line.startswith("| machine") or line.startswith("## ")), len(lines))
+    kept = [line for line in lines[start:] if "| not run yet |" not in line]
+    return "\n".join([
+        "# On a GPU", "",
+        "The same comparisons, run on a GPU through MLX's GPU backend (the machine table "
+        "names it); results in `docs/bench/results/gpu/`. Ratios compare arms of the same "
+        "run only.", "",
+        *(f"## GPU: {line[3:]}" if line.startswith("## ") else line for line in kept)]) + "\n"
+
+
 def write_report(results: Path, doc: Path) -> Path:
     import json
 
@@ -550,6 +573,10 @@ def write_report(results: Path, doc: Path) -> Path:
     rel = os.path.relpath(plot_dir, doc.parent)
     doc.parent.mkdir(parents=True, exist_ok=True)
     text = render(runs, plot_dir, rel=rel)
+    gpu = sorted((results / GPU).glob("*.json"))
+    if gpu:
+        text += "\n" + render({p.stem: load_run(p) for p in gpu}, plot_dir / GPU,
+                              rel=f"{rel}/{GPU}", gpu=True)
     load = results / "load.json"
     if load.exists():
         text += "\n" + "\n".join(load_section(json.loads(load.read_text())))
