@@ -92,11 +92,12 @@ def spec_stem(opts: Options) -> str:
     """spec, or spec-MODEL-DRAFTER-dN / spec-adaptive for runs off the default model,
     drafter or depth."""
     from sanctum.bench.comparisons import PINNED, Options
+    from sanctum.bench.drafter_kinds import stem_part
 
     parts = ["spec"]
     for given, default in ((opts.model, Options().model), (opts.drafter, Options().drafter)):
         if given != default:
-            parts.append(given.removeprefix("builtin:").rstrip("/").rsplit("/", 1)[-1])
+            parts.append(stem_part(given))
     if opts.draft_depth != Options().draft_depth:
         parts.append("adaptive" if opts.draft_depth is None else f"d{opts.draft_depth}")
     if opts.draft_depth is None and opts.pinned_depths not in ((), (PINNED,)):
@@ -133,7 +134,10 @@ def add_bench(sub: Any) -> None:
     run = bsub.add_parser("run", help="run comparisons and store their results")
     run.add_argument("comparison", choices=[*COMPARISONS, "all"])
     run.add_argument("--model", default=d.model, help="model directory or builtin:NAME")
-    run.add_argument("--drafter", default=d.drafter)
+    run.add_argument("--drafter", default=d.drafter,
+                     help="a drafter model (builtin:NAME or a directory), 'lookup' (prompt "
+                     "lookup, no weights) or 'noise:MODEL' (MODEL's shape and tokenizer, "
+                     "random weights: a drafter that never agrees)")
     run.add_argument("--rounds", type=int, default=None,
                      help=f"rounds, warm-up included (default {d.rounds}; batching "
                      f"{d.batch_rounds})")

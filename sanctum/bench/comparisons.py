@@ -25,6 +25,7 @@ import datetime
 import os
 import platform
 import sys
+import tempfile
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ import msgspec
 
 from sanctum.bench import arms as A
 from sanctum.bench import servers
+from sanctum.bench.drafter_kinds import Drafter, resolve_drafter
 from sanctum.bench.results import ArmInfo, Run, Sample
 from sanctum.bench.runner import Measure, new_run_id, run_schedule
 from sanctum.bench.schedule import make_schedule
@@ -353,20 +355,22 @@ PINNED = 3  # the fixed depth an adaptive run is also measured against
 
 
 def spec(opts: Options) -> Run:
-    from mlx_lm.utils import load_tokenizer
-
-    from shared.builtin import resolve_model
     from shared.config import SeatConfig
 
     title = "Speculative against plain decoding on our seat, and against mlx-lm's own"
-    try:
-        drafter = resolve_model(opts.drafter)
-    except ValueError as exc:
-        return _not_measurable("spec", title, f"no drafter model ({exc})", opts.model)
-    if not (drafter / "config.json").exists():
-        return _not_measurable("spec", title, f"no drafter model at {opts.drafter}", opts.model)
     if "speculation" not in SeatConfig.__struct_fields__:
         return _not_measurable("spec", title, "seats have no speculation option", opts.model)
+    with tempfile.TemporaryDirectory(prefix="sanctum-bench-") as work:
+        try:
+            drafter = resolve_drafter(opts.drafter, Path(work))
+        except ValueError as exc:
+            return _not_measurable("spec", title, f"no drafter model ({exc})", opts.model)
+        return _spec(opts, title, drafter)
+
+
+def _spec(opts: Options, title: str, drafter: Drafter) -> Run:
+    from mlx_lm.utils import load_tokenizer
+
     path = model_path(opts.model)
     tokenizer = load_tokenizer(path)  # type: ignore[no-untyped-call]  # mlx-lm is untyped
     cap = _cap(2048, opts.tokens)
@@ -377,7 +381,7 @@ def spec(opts: Options) -> Run:
                  for t in (0.0, 0.7) for w in base]
     by_name = {w.name: w for w in workloads}
     depth = opts.draft_depth
-    extra = f'drafter = {{ kind = "model", path = "{drafter}" }}\n'
+    extra = drafter.seat_line()
     depth_line = f"draft_depth = {depth}\n" if depth is not None else ""
     theirs_depth = depth if depth is not None else 4
     port = servers.free_port()
@@ -388,11 +392,17 @@ def spec(opts: Options) -> Run:
         seats.append((f"spec-d{d}", str(path), cap + 64,
                       extra + f"draft_depth = {d}\nspeculation = true\n"))
     config = servers.sanctum_config(port, seats)
-    mlx_spec = A.InProcessSpecArm(path, drafter, theirs_depth, 0.0, opts.tokens, by_name)
     refused = []
-    if not mlx_spec.supported():
-        refused = ["mlx-lm's speculative_generate_step refuses this model (its prompt cache "
-                   "cannot be trimmed: recurrent layers), so only our two arms run."]
+    mlx_spec = None
+    if drafter.path is None:
+        refused = ["mlx-lm's speculative_generate_step needs a draft model: it has no arm "
+                   f"beside a {drafter.kind} drafter."]
+    else:
+        mlx_spec = A.InProcessSpecArm(path, drafter.path, theirs_depth, 0.0, opts.tokens,
+                                      by_name)
+        if not mlx_spec.supported():
+            refused = ["mlx-lm's speculative_generate_step refuses this model (its prompt "
+                       "cache cannot be trimmed: recurrent layers), so only our two arms run."]
     ours_depth = f"draft_depth = {depth}" if depth is not None else "adaptive draft depth"
     with servers.sanctum_up(config, tuple(name for name, *_ in seats), port) as url:
         arms: dict[str, tuple[str, Measure]] = {
@@ -405,7 +415,7 @@ def spec(opts: Options) -> Run:
             arms[f"speculative d{d}"] = (f"the same seat with draft_depth = {d}",
                                          A.SeatSpecArm(url, f"spec-d{d}", 0.0, opts.tokens,
                                                        by_name, depth=d))
-        if not refused:
+        if mlx_spec is not None and not refused:
             arms["mlx-lm speculative"] = (
                 "mlx-lm speculative_generate_step in the benchmark process, same pair "
                 f"(load_for_compute), num_draft_tokens = {theirs_depth}", mlx_spec)
