@@ -133,7 +133,9 @@ def add_bench(sub: Any) -> None:
 
     run = bsub.add_parser("run", help="run comparisons and store their results")
     run.add_argument("comparison", choices=[*COMPARISONS, "all"])
-    run.add_argument("--model", default=d.model, help="model directory or builtin:NAME")
+    run.add_argument("--model", default=d.model,
+                     help="model directory, builtin:NAME, or shape:8b (random weights of an "
+                     "8B model's shape, 4-bit, the demo's tokenizer: for speed only)")
     run.add_argument("--drafter", default=d.drafter,
                      help="a drafter model (builtin:NAME or a directory), 'lookup' (prompt "
                      "lookup, no weights) or 'noise:MODEL' (MODEL's shape and tokenizer, "

@@ -77,8 +77,14 @@ class Options:
 
 
 def model_path(spec: str) -> Path:
+    from sanctum.bench.shapes import PREFIX, shape_model
     from shared.builtin import resolve_model
 
+    if spec.startswith(PREFIX):  # a random-weight model of a real shape, for speed only
+        try:
+            return shape_model(spec.removeprefix(PREFIX))
+        except ValueError as exc:
+            raise SystemExit(f"sanctum bench: {exc}") from None
     path = resolve_model(spec)
     if not (path / "config.json").exists():
         raise SystemExit(f"sanctum bench: no model at {spec!r} (give --model DIR)")

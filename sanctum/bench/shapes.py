@@ -1,0 +1,72 @@
+"""Random-weight targets of a real deployment's shape, for measuring speed only.
+
+    --model shape:8b     a llama of an 8B model's shape (hidden 4096, 32 layers,
+                         intermediate 14336, 32 heads, 8 KV heads), 4-bit, about 4 GB
+    --model shape:tiny   the same recipe at a toy size (tests)
+
+Built on first use with mlx-lm's own model class, `nn.quantize` and
+`mx.save_safetensors`, with the demo's tokenizer (so the demo drafter and the bench's
+workloads fit it), into SANCTUM_BENCH_MODELS (default ~/.cache/sanctum/bench-models), and
+reused after.  Its answers are noise: only how fast it decodes means anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+PREFIX = "shape:"
+SHAPES: dict[str, dict[str, int]] = {
+    "8b": {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336,
+           "num_attention_heads": 32, "num_key_value_heads": 8},
+    "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
+             "num_attention_heads": 4, "num_key_value_heads": 2},
+}
+BITS, GROUP = 4, 64
+TOKENIZER = "builtin:demo"
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("SANCTUM_BENCH_MODELS", "~/.cache/sanctum/bench-models")
+                ).expanduser()
+
+
+def shape_model(name: str, root: Path | None = None, seed: int = 0) -> Path:
+    """The directory of shape `name`'s random model, built there first if missing.
+    Raises ValueError for a shape not in SHAPES."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    from shared.builtin import resolve_model
+
+    if name not in SHAPES:
+        raise ValueError(f"unknown shape {name!r} (known: {', '.join(SHAPES)})")
+    out = (root or models_dir()) / f"shape-{name}"
+    if (out / "config.json").exists():
+        return out
+    source = resolve_model(TOKENIZER)
+    vocab = int(json.loads((source / "config.json").read_text())["vocab_size"])
+    config = {"model_type": "llama", "vocab_size": vocab, "rms_norm_eps": 1e-5,
+              "rope_theta": 10000.0, "max_position_embeddings": 4096,
+              "tie_word_embeddings": False, **SHAPES[name]}
+    mx.random.seed(seed)
+    model = llama.Model(llama.ModelArgs.from_dict(config))  # type: ignore[no-untyped-call]
+    for layer in (model.model.embed_tokens, *model.model.layers, model.lm_head):
+        mx.eval(layer.parameters())  # layer by layer: no graph of the whole model at once
+    model.set_dtype(mx.bfloat16)  # the stored dtype of a real checkpoint's floats
+    nn.quantize(model, group_size=GROUP, bits=BITS)  # type: ignore[attr-defined]
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    mx.save_safetensors(str(tmp / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (tmp / "config.json").write_text(json.dumps(
+        {**config, "quantization": {"group_size": GROUP, "bits": BITS}}))
+    for f in source.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
+            shutil.copy(f, tmp / f.name)
+    tmp.rename(out)
+    return out
