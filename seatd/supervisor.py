@@ -323,23 +323,22 @@ class Supervisor:
                 last_exit=seat.state.last_exit, device=self.device_of(seat.name)))
         return protocol.StatusReply(tuple(rows), self.bad_control_frames)
 
-    def device_of(self, name: str) -> str:
-        """What the seat's worker said computes its model, from its counters file ("":
-        not loaded yet)."""
+    def saved_counters(self, name: str) -> dict[str, object]:
+        """The counters the seat's worker last wrote ({}: none yet, or unreadable)."""
         try:
             got = json.loads((self.state_dir / f"counters-{name}.json").read_text())
         except (OSError, ValueError):
-            return ""
-        return str(got.get("device", "")) if isinstance(got, dict) else ""
+            return {}
+        return got if isinstance(got, dict) else {}
+
+    def device_of(self, name: str) -> str:
+        """What the seat's worker said computes its model ("": not loaded yet)."""
+        return str(self.saved_counters(name).get("device", ""))
 
     def counters(self) -> protocol.SeatCounters:
         out: dict[str, dict[str, object]] = {}
         for seat in self.seats.values():
-            path = self.state_dir / f"counters-{seat.name}.json"
-            try:
-                out[seat.name] = json.loads(path.read_text())
-            except (OSError, ValueError):
-                out[seat.name] = {}
+            out[seat.name] = self.saved_counters(seat.name)
             out[seat.name]["restarts"] = seat.state.restarts
             out[seat.name]["memory_restarts"] = seat.state.memory_restarts
         return protocol.SeatCounters(out)
