@@ -836,7 +836,7 @@ class Engine:
             self._drafter_prefill(row, self._catch_up_tokens())
             return self._lookup_only(row, room) if row.speculating else (0, 1.0)
         if isinstance(spec.drafter, LookupDrafter) and spec.lookup_policies is not None:
-            return self._lookup_alone(spec.drafter, spec.lookup_policies, room)
+            return self._lookup_alone(row, room)
         policy = spec.policy
         if policy is None:
             want = spec.depth
@@ -874,19 +874,30 @@ class Engine:
         return (choice.depth, choice.expected) if choice is not None and row.by_lookup \
             else (0, 1.0)
 
-    @staticmethod
-    def _lookup_alone(lookup: LookupDrafter, policies: dict[int, RoundPolicy],
-                      room: int) -> tuple[int, float]:
+    def _lookup_alone(self, row: Row, room: int) -> tuple[int, float]:
         """A lookup drafting alone (its seat's model drafter parked): the depth that pays
         best for its match's class, within the match; no match, or a class where no
-        depth beats a plain token: a plain token."""
-        if room < 1:
+        depth beats a plain token: a plain token.  As beside a model drafter
+        (`_by_lookup`), a class the seat has no settled figures of drafts only after
+        the request's own text has judged a match of it: a first match is judged as the
+        answer goes past it, and so is every match passed over."""
+        spec = row.work.spec
+        assert spec is not None and isinstance(spec.drafter, LookupDrafter)
+        lookup, policies = spec.drafter, spec.lookup_policies or {}
+        if room < 1 or not policies:
             return 0, 1.0
+        self._judge_shadow(row, lookup, policies, spec.lookup_stats or {})
         follow = lookup.find(min(room, max(p.max_depth for p in policies.values())))
         policy = policies.get(lookup.key)
         if not follow or policy is None:
             return 0, 1.0
-        k = policy.best(0, len(follow))
+        trusted = policy.tries[0] or lookup.key in spec.lookup_trusted
+        k = policy.best(0, len(follow)) if trusted else 0
+        if k == 0:
+            if row.shadow is None:
+                row.shadow = (lookup.key, len(lookup.context), follow)
+            return 0, 1.0
+        row.shadow = None
         return k, policy.expected(k)
 
     def _by_lookup(self, row: Row, model: RoundPolicy | None, lowest: int,
@@ -906,7 +917,7 @@ class Engine:
             return None
         lookup = spec.lookup
         try:
-            self._judge_shadow(row, spec.lookup_policies, spec.lookup_stats or {})
+            self._judge_shadow(row, lookup, spec.lookup_policies, spec.lookup_stats or {})
             deepest = max(p.max_depth for p in spec.lookup_policies.values())
             follow = lookup.find(min(room, deepest))
             policy = spec.lookup_policies.get(lookup.key)
@@ -934,14 +945,13 @@ class Engine:
         return choice
 
     @staticmethod
-    def _judge_shadow(row: Row, policies: dict[int, RoundPolicy],
+    def _judge_shadow(row: Row, lookup: LookupDrafter, policies: dict[int, RoundPolicy],
                       stats: dict[int, DepthStats]) -> None:
         """Count a passed-over lookup match once the answer shows how much of it held."""
-        spec = row.work.spec
-        if row.shadow is None or spec is None or spec.lookup is None:
+        if row.shadow is None:
             return
         key, at, follow = row.shadow
-        actual = spec.lookup.context[at : at + len(follow)]
+        actual = lookup.context[at : at + len(follow)]
         kept = 0
         while kept < len(actual) and actual[kept] == follow[kept]:
             kept += 1

@@ -129,6 +129,11 @@ class SeatSpeculation:
         estimate = [self.costs.round(k, lookup=True) for k in range(LOOKUP_MAX_DEPTH + 1)]
         figures = self.lookup_stats[request.params.temperature > 0]
         policies = {n: lookup_policy(policy.seconds, s, estimate) for n, s in figures.items()}
+        # Classes the seat has drafted or judged enough rounds of: a request's first match
+        # of one drafts at the seat's figures (its policy's prior, as of now); of any
+        # other, it is judged first.
+        trusted = frozenset(n for n, s in figures.items()
+                            if sum(c for d, c in s.seen.items() if d > 0) >= TRUSTED_ROUNDS)
         if depth == 0:
             # The model drafter does not pay on this seat now; prompt lookup of its
             # longest n-grams still may, round by round, by its match's class (a plain
@@ -137,12 +142,8 @@ class SeatSpeculation:
             return Speculation(LookupDrafter(max_ngram=n, min_ngram=n), LOOKUP_MAX_DEPTH,
                                figures[n], policy=policies[n],
                                lookup_stats=figures, lookup_policies=policies,
-                               costs=self.costs)
+                               costs=self.costs, lookup_trusted=trusted)
         # Each round may draft by lookup instead of the model (`seatd.drafter_choice`).
-        # Classes the seat has drafted or judged enough rounds of: a request's first match
-        # of one drafts at the seat's figures (its policy's prior, as of now).
-        trusted = frozenset(n for n, s in figures.items()
-                            if sum(c for d, c in s.seen.items() if d > 0) >= TRUSTED_ROUNDS)
         return Speculation(ModelDrafter(self.drafter_model), depth, self.stats, policy=policy,
                            lookup=LookupDrafter(max(LOOKUP_ORDERS), min(LOOKUP_ORDERS)),
                            lookup_stats=figures, lookup_policies=policies,

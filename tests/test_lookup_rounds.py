@@ -198,3 +198,67 @@ def test_a_match_class_is_trusted_once_the_seat_drafted_or_judged_enough_of_it(
     sampled = spec.plan(Generate("q", False, SamplingParams(max_tokens=8, temperature=0.5)),
                         "fp16")
     assert sampled is not None and sampled.lookup_trusted == frozenset({4})
+
+
+def _lookup_alone_events(target: Any, spec: SeatSpeculation,
+                         monkeypatch: pytest.MonkeyPatch) -> tuple[list[tuple[str, int]],
+                                                                    DecodeResult]:
+    """The answer of COPY on a seat whose model drafter does not pay, and its lookup's
+    events in order: ("judged", class) where a passed-over match was counted,
+    ("drafted", class) where a round was decided to draft by lookup, ("counted", class)
+    where a verified round was counted (by the class of the match it drafted from,
+    which the context's newest token may have lengthened since the decision)."""
+    events: list[tuple[str, int]] = []
+    judge, alone, figures = Engine._judge_shadow, Engine._lookup_alone, Engine._figures
+
+    def judging(row: Any, lookup: Any, policies: Any, stats: Any) -> None:
+        before = row.shadow
+        judge(row, lookup, policies, stats)
+        if before is not None and row.shadow is None:
+            events.append(("judged", before[0]))
+
+    def drafting(self: Engine, row: Any, room: int) -> tuple[int, float]:
+        k, expected = alone(self, row, room)
+        if k:
+            events.append(("drafted", row.work.spec.drafter.key))
+        return k, expected
+
+    def counting(row: Any, spec: Any) -> Any:
+        events.append(("counted", row.lookup_key))
+        return figures(row, spec)
+
+    monkeypatch.setattr(Engine, "_judge_shadow", staticmethod(judging))
+    monkeypatch.setattr(Engine, "_figures", staticmethod(counting))
+    monkeypatch.setattr(Engine, "_lookup_alone", drafting)
+    return events, answer(target, spec, SamplingParams(max_tokens=48, temperature=0))
+
+
+def test_a_lookup_drafting_alone_judges_a_class_before_it_drafts_by_it(
+        target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seat with no figures of any match class: the request drafts by a class only
+    once its own text has judged a match of it (passed over, or drafted by a round
+    decided at another class); the answer keeps its bytes."""
+    spec = seat(target, 0.02)
+    plan = spec.plan(Generate("p", False, SamplingParams(max_tokens=48)), "fp16")
+    assert plan is not None and isinstance(plan.drafter, LookupDrafter)
+    assert plan.lookup_trusted == frozenset()
+    events, fast = _lookup_alone_events(target, spec, monkeypatch)
+    drafted = [c for what, c in events if what == "drafted"]
+    assert drafted, events  # the copy is long enough to draft by lookup
+    for c in set(drafted):
+        first = events.index(("drafted", c))
+        assert {("judged", c), ("counted", c)} & set(events[:first]), events
+    plain = answer(target, None, SamplingParams(max_tokens=48, temperature=0))
+    assert fast.token_ids == plain.token_ids
+
+
+def test_a_lookup_drafting_alone_drafts_a_trusted_class_at_its_first_match(
+        target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from seatd.speculation import TRUSTED_ROUNDS
+
+    spec = seat(target, 0.02)
+    for figures in spec.lookup_stats[False].values():
+        figures.seen = {0: 10, 4: TRUSTED_ROUNDS}
+        figures.accept = [0.95] * len(figures.accept)
+    events, _ = _lookup_alone_events(target, spec, monkeypatch)
+    assert events and events[0][0] == "drafted", events
