@@ -18,6 +18,7 @@ from sanctum.bench.drafter_kinds import resolve_drafter, stem_part
     ("lookup", "lookup"),
     ("noise:builtin:demo-drafter", "noise-demo-drafter"),
     ("/models/Small-Drafter/", "Small-Drafter"),
+    ("shape:8b", "shape-8b"),  # a file name the results folder takes everywhere
 ])
 def test_a_drafter_names_its_results(spec: str, part: str) -> None:
     """Each kind of drafter names the result file of its run, beside the depth."""

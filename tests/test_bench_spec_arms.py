@@ -10,6 +10,7 @@ from sanctum.bench.arms import (
     counter_acceptance,
     drafter_share,
     predicted_rate,
+    round_figures,
     stream_acceptance,
 )
 
@@ -58,6 +59,18 @@ def test_predicted_rate_from_the_seats_terms() -> None:
     assert got["host_share"] == pytest.approx(2 / 70)
     assert predicted_rate(terms, 4, 2.5) == {}  # depth 4 was never measured
     assert predicted_rate({}, 3, 2.5) == {}
+
+
+@pytest.mark.parametrize(("before", "after", "tokens", "want"), [
+    ({}, {}, None, {}),
+    ({"spec_drafts": 4}, {"spec_drafts": 20}, 64.0, {"rounds_per_token": 0.25}),
+    ({"spec_drafts": 4}, {"spec_drafts": 4, "spec_cost_us": {"plain": 1400, "verify_w2": 1700,
+                                                            "draft_1": 300}},
+     32.0, {"rounds_per_token": 0.0, "cost_plain_us": 1400.0, "cost_verify_w2_us": 1700.0}),
+])
+def test_round_figures(before: dict, after: dict, tokens: float | None,
+                       want: dict[str, float]) -> None:
+    assert round_figures(before, after, tokens) == want
 
 
 def test_acceptance_figures_no_verifies() -> None:

@@ -353,6 +353,22 @@ def drafter_share(before: dict[str, Any], after: dict[str, Any]) -> dict[str, fl
     return {"lookup_share": (la - lb) / (ta - tb)} if ta > tb else {}
 
 
+def round_figures(before: dict[str, Any], after: dict[str, Any], tokens: float | None,
+                  ) -> dict[str, float]:
+    """Verify rounds per answer token over one request (`rounds_per_token`; 0: every
+    token a plain step), and the seat's cost terms after it (`cost_TERM_us`: plain,
+    host, lookup_host, verify_w2), which say where a seat's time went.  Pure."""
+    out: dict[str, float] = {}
+    if tokens:
+        out["rounds_per_token"] = (int(after.get("spec_drafts", 0))
+                                   - int(before.get("spec_drafts", 0))) / tokens
+    terms = dict(after.get("spec_cost_us") or {})
+    for term in ("plain", "host", "lookup_host", "verify_w2"):
+        if term in terms:
+            out[f"cost_{term}_us"] = float(terms[term])
+    return out
+
+
 def predicted_rate(terms: dict[str, Any], depth: int, accept_len: float) -> dict[str, float]:
     """What the seat's cost model (`spec_cost_us`) says of rounds of `depth` keeping
     `accept_len` drafts each: `predicted_tps`, the tokens/s of its drafting and verify
@@ -393,6 +409,7 @@ class SeatSpecArm(OpenAIArm):
         figures = super().__call__(name)
         after = self._counters()
         out = figures | counter_acceptance(before, after) | drafter_share(before, after)
+        out |= round_figures(before, after, figures.get("completion_tokens"))
         if self.depth is not None and "accept_len" in out:
             out |= predicted_rate(dict(after.get("spec_cost_us") or {}), self.depth,
                                   out["accept_len"])

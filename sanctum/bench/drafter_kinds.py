@@ -13,6 +13,7 @@ run and thrown away after it.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,12 @@ class Drafter:
 
 
 def stem_part(spec: str) -> str:
-    """How a drafter names a result file: `lookup`, `noise-NAME`, `NAME`."""
+    """How a drafter or model names a result file: `lookup`, `noise-NAME`, `NAME`
+    (`shape:8b`: `shape-8b`), in letters, digits, '.', '_' and '-' alone."""
     if spec.startswith(NOISE):
         return "noise-" + stem_part(spec.removeprefix(NOISE))
-    return spec.removeprefix("builtin:").rstrip("/").rsplit("/", 1)[-1]
+    name = spec.removeprefix("builtin:").rstrip("/").rsplit("/", 1)[-1]
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name)
 
 
 def resolve_drafter(spec: str, workdir: Path) -> Drafter:
