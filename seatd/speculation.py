@@ -118,14 +118,12 @@ class SeatSpeculation:
             policy = RoundPolicy.from_stats(self.stats)
             if policy is not None and depth > 0:
                 depth = self.stats.max_depth  # the policy picks each round's depth
-        if depth == 0 and (policy is None or self.kind != "model"):
+        if depth == 0 and policy is None:
             return Speculation(None, 0, self.stats, "not_profitable")
-        if self.kind != "model":
-            return Speculation(LookupDrafter(), depth, self.stats, policy=policy,
-                               costs=self.costs)
-        if policy is None:  # pinned, or warming up: the model drafter at that depth
-            return Speculation(ModelDrafter(self.drafter_model), depth, self.stats,
-                               costs=self.costs)
+        if policy is None:  # pinned, or warming up: the drafter at that depth
+            drafter = ModelDrafter(self.drafter_model) if self.kind == "model" \
+                else LookupDrafter()
+            return Speculation(drafter, depth, self.stats, costs=self.costs)
         estimate = [self.costs.round(k, lookup=True) for k in range(LOOKUP_MAX_DEPTH + 1)]
         figures = self.lookup_stats[request.params.temperature > 0]
         policies = {n: lookup_policy(policy.seconds, s, estimate) for n, s in figures.items()}
@@ -134,10 +132,12 @@ class SeatSpeculation:
         # other, it is judged first.
         trusted = frozenset(n for n, s in figures.items()
                             if sum(c for d, c in s.seen.items() if d > 0) >= TRUSTED_ROUNDS)
-        if depth == 0:
-            # The model drafter does not pay on this seat now; prompt lookup of its
-            # longest n-grams still may, round by round, by its match's class (a plain
-            # token where that does not pay).
+        if depth == 0 or self.kind != "model":
+            # The model drafter does not pay on this seat now (or the seat has only the
+            # lookup): prompt lookup of its longest n-grams still may, round by round,
+            # by its match's class (a plain token where that does not pay).  One set of
+            # figures for every match would let stray short matches, which seldom hold,
+            # park the copies, which do.
             n = max(LOOKUP_ORDERS)
             return Speculation(LookupDrafter(max_ngram=n, min_ngram=n), LOOKUP_MAX_DEPTH,
                                figures[n], policy=policies[n],

@@ -262,3 +262,36 @@ def test_a_lookup_drafting_alone_drafts_a_trusted_class_at_its_first_match(
         figures.accept = [0.95] * len(figures.accept)
     events, _ = _lookup_alone_events(target, spec, monkeypatch)
     assert events and events[0][0] == "drafted", events
+
+
+def test_a_lookup_seat_drafts_by_match_class_once_warm(target: Any) -> None:
+    """A seat whose only drafter is the lookup keeps its figures by match class, as a
+    model seat's lookup does: a stray short match that seldom holds does not park the
+    copies that do.  Warming up (no policy yet) it drafts at the depth it tries."""
+    config = parse_config("""
+[[seat]]
+name = "s"
+model = "unused"
+drafter = { kind = "lookup" }
+[[route]]
+model = "s"
+ladder = ["s"]
+""")
+    spec = SeatSpeculation(config, config.seat[0], target.model, target.tokenizer_hash)
+    greedy = SamplingParams(max_tokens=8, temperature=0)
+    warming = spec.plan(Generate("w", False, greedy), "fp16")
+    assert warming is not None and isinstance(warming.drafter, LookupDrafter)
+    assert warming.policy is None and warming.lookup_policies is None
+    for k, t in TIMES.items():
+        spec.stats.seen[k], spec.stats.seconds[k] = 1, t
+    spec.stats.accept = [0.05] * 6  # over every match: hopeless, as one figure
+    spec.stats.requests = 10
+    figures = spec.lookup_stats[False]
+    for key, seen, accept in ((16, {0: 10, 6: 8}, 0.97), (2, {0: 10, 3: 8}, 0.05)):
+        figures[key].seen = seen
+        figures[key].accept = [accept] * len(figures[key].accept)
+    plan = spec.plan(Generate("p", False, greedy), "fp16")
+    assert plan is not None and plan.decline is None
+    assert isinstance(plan.drafter, LookupDrafter) and plan.lookup_policies
+    assert plan.lookup_trusted == frozenset({2, 16})
+    assert plan.lookup_policies[16].best() > 0 and plan.lookup_policies[2].best() == 0
