@@ -22,6 +22,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.lanes import rows_round_apart
 from tests.procs import Sanctum, packaged_config, running, wait_for
 from tests.spec_models import snippet
 
@@ -124,6 +125,7 @@ def seat(up: Sanctum) -> dict[str, Any]:
     return json.loads(http("GET", up.url + "/counters")[2])["seats"]["demo"]
 
 
+@rows_round_apart
 def test_rows_batch_stream_equals_sync_and_faults_stay_in_their_row(
         up: Sanctum, client: openai.OpenAI) -> None:
     before = seat(up)

@@ -23,6 +23,7 @@ from sanctum.bench.neighbours import (
 )
 from sanctum.bench.report import render
 from sanctum.bench.results import ArmInfo, Run
+from tests.lanes import rows_round_apart
 
 
 @pytest.mark.parametrize(("n", "size", "want"), [
@@ -137,6 +138,7 @@ def test_report_renders_neighbours_without_interleaving() -> None:
             "| 0 (0 in 128 tokens; below 23 at 95%) | - |") in text
 
 
+@rows_round_apart
 def test_latecomers_join_a_busy_batch_and_ride_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """The latecomers arm submits each row once the one before it decodes: every row but
     the first joins rows already decoding, at their pace, and rides their steps (the

@@ -147,7 +147,8 @@ def _state(cache: list[Any]) -> list[np.ndarray]:
         keys, values = c.state[0], c.state[1]
         for part in (keys, values):
             for arr in (part if isinstance(part, list | tuple) else [part]):
-                out.append(np.array(arr[..., : c.offset, :]))
+                # float32 holds a bfloat16 exactly (numpy has no bfloat16)
+                out.append(np.array(arr[..., : c.offset, :].astype(mx.float32)))
     return out
 
 
@@ -178,7 +179,8 @@ def test_rollback_is_exact_at_every_acceptance_length(pair, kv: str) -> None:
         for x, y in zip(_state(a), _state(b), strict=True):
             assert np.array_equal(x, y), f"kv={kv} kept={kept}: cache differs"
         la, lb = target(nxt, cache=a), target(nxt, cache=b)
-        assert np.array_equal(np.array(la), np.array(lb)), f"kv={kv} kept={kept}: logits differ"
+        assert np.array_equal(np.array(la.astype(mx.float32)), np.array(lb.astype(mx.float32))), \
+            f"kv={kv} kept={kept}: logits differ"
         fed = verified(drafts[:kept], 0)  # only the kept tokens, a narrower forward
         lf = target(nxt, cache=fed)
         assert np.allclose(np.array(la), np.array(lf), atol=1e-3, rtol=1e-4)
