@@ -186,6 +186,7 @@ class Row:
     lps: list[TokenLogprob] = field(default_factory=list)  # of answer.ids[start:]
     lp_sent: int = 0  # lps[:lp_sent] went out with their ids
     began: int = 0  # when it began decoding, in `Engine.order` (`batch_policy.paced`)
+    beside: bool = False  # some forward of it held another request's rows (or prompt)
 
     @property
     def grammar(self) -> Matcher | None:
@@ -529,6 +530,9 @@ class Engine:
         row = group.rows[0]
         tokens = mx.array(row.work.prompt[group.done : group.done + m], dtype=mx.uint32)
         self._aboard = Aboard(group, m)
+        row.beside = True
+        for r in lane.rows:
+            r.beside = True
         return (mx.concatenate([block, tokens.reshape(m // n, n)]),
                 Rider(group.cache, group.done, m // n))
 
@@ -634,6 +638,9 @@ class Engine:
     def _prefill_group(self, group: Group) -> None:
         n = self._chunk(group)
         started = time.perf_counter()
+        if n > 0 and len(group.rows) > 1:
+            for r in group.rows:
+                r.beside = True
         if n > 0:
             block = mx.array([r.work.prompt[group.done : group.done + n] for r in group.rows],
                              dtype=mx.uint32)
@@ -743,6 +750,9 @@ class Engine:
 
     def _decode(self, lane: Lane) -> None:
         B = len(lane.rows)
+        if B > 1:
+            for r in lane.rows:
+                r.beside = True
         self._draft_rows(lane)
         with self.lock:
             self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
@@ -1347,7 +1357,7 @@ class Engine:
             result = DecodeResult(row.answer.text, row.answer.finish, len(work.prompt),
                                   row.answer.produced, row.report,
                                   work.resume.start if work.resume is not None else 0,
-                                  row.answer.ids)
+                                  row.answer.ids, beside=row.beside)
         else:
             row.answer.closed = True
         with _naming(work):

@@ -126,6 +126,7 @@ class DecodeResult:
     speculation: SpecReport = field(default_factory=SpecReport)
     cached_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)  # the completion's tokens, in order
+    beside: bool = False  # some forward of it held another request's rows (batch engine)
 
 
 @dataclass

@@ -7,6 +7,11 @@ tokens), the platform and device, the keyed sampling rule and the
 prefill grid (both fix float reduction orders or draws).  Not in it: the drafter, the
 draft depth, the prompt cache, the seat's name or its restarts, since none of them
 changes a seeded answer (`seatd.sampling`).
+
+On a backend whose forwards round a row by the number of rows beside it (CUDA:
+`rows_round_apart`), a batch neighbour can change a seeded answer's bytes; an answer
+that shared any forward with another request's rows there carries `beside(fp)`, its
+seat's fingerprint named apart, so that equal fingerprints still mean equal bytes.
 """
 
 from __future__ import annotations
@@ -48,6 +53,20 @@ def fingerprint_device(backend: str) -> str:
     from seatd.rows_attention import CUDA_RULE
 
     return {"cpu": "cpu", "metal": "gpu"}.get(backend, f"{backend}/{CUDA_RULE}")
+
+
+def rows_round_apart(backend: str) -> bool:
+    """Whether a batch neighbour can change a row's rounding on this backend: measured on
+    CUDA (MLX 0.32, an H200: a batched row's logits up to 0.063 from the same row alone,
+    bfloat16), not on the CPU; Metal's kernels were not measured here and keep the CPU's
+    promise.  Pure."""
+    return backend == "cuda"
+
+
+def beside(fp: str) -> str:
+    """The fingerprint of an answer decoded beside other rows, on a backend where that
+    can change its bytes: `fp_` and 16 hex digits, apart from its seat's.  Pure."""
+    return "fp_" + hashlib.sha256(f"{fp}/beside-rows".encode()).hexdigest()[:16]
 
 
 def fingerprint(model: str, compute_dtype: str, kv: str, device: str, rule: str,

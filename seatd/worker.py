@@ -36,7 +36,13 @@ from seatd.backend import backend, device_name
 from seatd.batch import Engine, RowCancelled, Work
 from seatd.counters import SeatCounters
 from seatd.decode import PREFILL_CHUNK, DecodeResult, output_width
-from seatd.fingerprint import fingerprint, fingerprint_device, model_digest
+from seatd.fingerprint import (
+    beside,
+    fingerprint,
+    fingerprint_device,
+    model_digest,
+    rows_round_apart,
+)
 from seatd.grammar import GrammarError, GrammarRefusal, SeatGrammar
 from seatd.kv_budget import KVBudget, row_bytes
 from seatd.prompt_cache import SeatPromptCache
@@ -144,6 +150,8 @@ class SeatWorker:
         self.mlx = bound_pool("mlx", seat=seat.name)
         self.sock: zmq.asyncio.Socket | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        # Whether a batch neighbour can round a row's bytes here (`seatd.fingerprint`).
+        self.rows_round_apart = rows_round_apart(backend())
 
     @property
     def engine(self) -> Engine | None:
@@ -317,6 +325,9 @@ class SeatWorker:
                                                      logprobs=tuple(logprobs)))
 
         def done(work: Work, result: DecodeResult | None, error: BaseException | None) -> None:
+            if result is not None and result.beside and self.rows_round_apart:
+                # a batch neighbour may have rounded it: its bytes are named apart
+                job.fingerprint = beside(job.fingerprint)
             if result is not None and job.calls is not None:
                 # What the splitter still holds (a partial marker, an unclosed call) goes
                 # out before the Final, which reports the calls' finish_reason.

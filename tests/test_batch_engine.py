@@ -221,6 +221,10 @@ def test_a_solo_row_never_shares_a_forward(pair: tuple[Any, Any, Any],
     assert max(n for rid, n in shapes if rid != "1") == 2  # rows 0 and 2 share fp16
     result = got.results[1][0]
     assert result is not None and result.text == alone(pair, 1)
+    # Whether an answer shared a forward with another request's rows (on CUDA that names
+    # its fingerprint apart: `seatd.fingerprint.beside`).
+    assert result.beside is False
+    assert all(got.results[i][0].beside for i in (0, 2))  # type: ignore[union-attr]
 
 
 def test_joining_rows_share_prefill_forwards(pair: tuple[Any, Any, Any],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from seatd.fingerprint import fingerprint, model_digest
+from seatd.fingerprint import beside, fingerprint, model_digest, rows_round_apart
 from shared.builtin import resolve_model
 
 BASE = dict(model="m" * 64, compute_dtype="float32", kv="fp16", device="cpu",
@@ -50,3 +50,14 @@ def test_the_device_part_names_cudas_attention_rule() -> None:
     assert fingerprint_device("cuda") == f"cuda/{CUDA_RULE}"
     assert len({fingerprint("m", "bfloat16", "fp16", fingerprint_device(b), "r", 512)
                 for b in ("cpu", "metal", "cuda")}) == 3
+
+
+def test_an_answer_beside_other_rows_is_named_apart_where_they_can_round_it() -> None:
+    """CUDA's forwards round a row by the rows beside it (measured); the CPU's do not, and
+    Metal's keep the CPU's promise until measured otherwise."""
+    assert [rows_round_apart(b) for b in ("cpu", "metal", "cuda")] == [False, False, True]
+    fp = fingerprint("d" * 64, "bfloat16", "fp16", "cuda/x", "gumbel-v1", 512)
+    named = beside(fp)
+    assert named.startswith("fp_") and len(named) == len(fp) and named != fp
+    assert beside(fp) == named  # the same seat's batched answers share one name
+    assert beside(fingerprint("d" * 64, "bfloat16", "q8", "cuda/x", "gumbel-v1", 512)) != named
