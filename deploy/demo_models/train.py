@@ -256,6 +256,7 @@ def prepare(
     train_tokenizer: bool,
     max_site_bytes: int | None = None,
     tok_dir: Path | None = None,
+    vocab_size: int = tok_mod.VOCAB_SIZE,
 ) -> tuple[Any, corpus_mod.Corpus, dict[str, Any]]:
     from tokenizers import Tokenizer
 
@@ -276,7 +277,7 @@ def prepare(
             if budget < 0:
                 break
             picked.append(t)
-        tk = tok_mod.train_tokenizer(picked)
+        tk = tok_mod.train_tokenizer(picked, vocab_size)
         tok_mod.write_tokenizer_files(tk, work)
         log(f"tokenizer trained on {len(picked)} texts, vocab {tk.get_vocab_size()}")
     tk = Tokenizer.from_file(str((tok_dir or work) / "tokenizer.json"))
