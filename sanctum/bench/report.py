@@ -476,7 +476,9 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
             if k in m:
                 lines.append(f"| {k} | {m[k]} |")
         lines.append("")
-        if not str(m.get("model", "")).startswith("builtin:"):
+        # A shape: model (random weights of a deployment's shape) is a speed-only run
+        # that names itself in its section, not a development stand-in for the demo.
+        if not str(m.get("model", "")).startswith(("builtin:", "shape:")):
             lines += [f"**These numbers use a development model ({m.get('model')}), not the "
                       "packaged demo models;** rerun `make bench` once `builtin:demo` exists.",
                       ""]
