@@ -48,11 +48,10 @@ def greedy_consistent(model: Any, prompt: Sequence[int], out: Sequence[int],
     return [i for i, bad in enumerate((best - got > tol).tolist()) if bad]
 
 
-def lookup_plan_declines(model: Any) -> list[str | None]:
-    """The decline reasons a lookup-drafter seat on `model` gives on the fp16 and q8 lanes."""
+def lookup_seat(model: Any, tokenizer_hash: str = "h") -> Any:
+    """The speculation set-up of a seat on `model` whose only drafter is prompt lookup."""
     from seatd.speculation import SeatSpeculation
     from shared.config import parse_config
-    from shared.protocol import Generate, SamplingParams
 
     config = parse_config("""
 [[seat]]
@@ -63,6 +62,13 @@ drafter = { kind = "lookup" }
 model = "s"
 ladder = ["s"]
 """)
-    spec = SeatSpeculation(config, config.seat[0], model, "h")
+    return SeatSpeculation(config, config.seat[0], model, tokenizer_hash)
+
+
+def lookup_plan_declines(model: Any) -> list[str | None]:
+    """The decline reasons a lookup-drafter seat on `model` gives on the fp16 and q8 lanes."""
+    from shared.protocol import Generate, SamplingParams
+
+    spec = lookup_seat(model)
     return [spec.plan(Generate("r", False, SamplingParams()), kv).decline  # type: ignore[union-attr]
             for kv in ("fp16", "q8")]

@@ -19,7 +19,7 @@ from seatd.kv_budget import KVBudget
 from seatd.speculation import SeatSpeculation
 from shared.config import parse_config
 from shared.protocol import Generate, SamplingParams
-from tests.spec_models import drafter_dir, snippet, target_dir
+from tests.spec_models import drafter_dir, lookup_seat, snippet, target_dir
 
 COPY = "Repeat this code exactly:\n\n" + snippet(700) + "\n\nRepeated:\n\n"
 TIMES = {0: 0.040, **{k: 0.045 + 0.010 * k for k in range(1, 7)}}  # a model round by depth
@@ -268,16 +268,7 @@ def test_a_lookup_seat_drafts_by_match_class_once_warm(target: Any) -> None:
     """A seat whose only drafter is the lookup keeps its figures by match class, as a
     model seat's lookup does: a stray short match that seldom holds does not park the
     copies that do.  Warming up (no policy yet) it drafts at the depth it tries."""
-    config = parse_config("""
-[[seat]]
-name = "s"
-model = "unused"
-drafter = { kind = "lookup" }
-[[route]]
-model = "s"
-ladder = ["s"]
-""")
-    spec = SeatSpeculation(config, config.seat[0], target.model, target.tokenizer_hash)
+    spec = lookup_seat(target.model, target.tokenizer_hash)
     greedy = SamplingParams(max_tokens=8, temperature=0)
     warming = spec.plan(Generate("w", False, greedy), "fp16")
     assert warming is not None and isinstance(warming.drafter, LookupDrafter)

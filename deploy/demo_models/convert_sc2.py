@@ -58,16 +58,6 @@ def unpack_work(work: Path, tmp: Path) -> Path:
     return tmp
 
 
-def load_target_weights(work: Path, shards: list[str]) -> dict[str, np.ndarray]:
-    """float32 weights from train_sc2.py's int8 shards (transport.py's packing)."""
-    from safetensors.numpy import load_file
-
-    packed: dict[str, np.ndarray] = {}
-    for name in shards:
-        packed.update(load_file(str(work / name)))
-    return transport.unpack(packed)
-
-
 def torch_logits(cfg: dict[str, Any], hf_dir: Path, ids: np.ndarray) -> np.ndarray | None:
     """float32 torch logits of HF_DIR's bfloat16 weights, or None without torch here."""
     try:
@@ -150,7 +140,8 @@ def main() -> None:
         t_cfg = json.loads((work / "sc2_target_config.json").read_text())
         d_cfg = json.loads((work / "sc2_drafter_config.json").read_text())
         hf_t, hf_d = Path(tmp) / "target", Path(tmp) / "drafter"
-        write_hf_dir(hf_t, t_cfg, load_target_weights(work, manifest["target"]["shards"]), work)
+        shards = [work / n for n in manifest["target"]["shards"]]
+        write_hf_dir(hf_t, t_cfg, transport.load_packed(*shards), work)
         write_hf_dir(hf_d, d_cfg, _load_bf16(work / "sc2_drafter.safetensors"), work)
         full = args.reference or Path(tmp) / "target-bf16"
         mlx_convert(hf_t, full, None, work)

@@ -38,7 +38,7 @@ references and ``sc2_small.tar`` (every .json and the log); convert_sc2.py reads
 On a shared GPU a step that runs out of memory is retried in micro-batches (gradient
 accumulation), twice as many each time until it fits. A CPU smoke test:
 
-  python deploy/demo_models/train_sc2.py --work /tmp/sc2work --batch 2 --seq 128 \\
+  python deploy/demo_models/train_sc2.py --work W --batch 2 --seq 128 \\
       --max-steps 10 --steps 10 --max-site-bytes 2000000 --eval-tokens 2000
 """
 
@@ -253,15 +253,6 @@ def save_int8_shards(state: dict[str, np.ndarray], work: Path, stem: str) -> lis
     return names
 
 
-def load_int8_shards(work: Path, names: list[str]) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-
-    packed: dict[str, np.ndarray] = {}
-    for name in names:
-        packed.update(load_file(str(work / name)))
-    return transport.unpack(packed)
-
-
 def bf16_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {
         k: v.detach().to(torch.bfloat16).contiguous().cpu()
@@ -385,7 +376,7 @@ def run(args: argparse.Namespace) -> None:
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     # The teacher is the target as it crosses (int8), as train.py's drafters stage does.
-    crossed = load_int8_shards(work, shards)
+    crossed = transport.load_packed(*(work / name for name in shards))
     teacher = load_weights(build_model(t_cfg), crossed).to(dev).to(torch.bfloat16).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)

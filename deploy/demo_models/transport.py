@@ -53,7 +53,11 @@ def save_packed(state: dict[str, np.ndarray], path: Path) -> None:
     save_file(pack(state), str(path))
 
 
-def load_packed(path: Path) -> dict[str, np.ndarray]:
+def load_packed(*paths: Path) -> dict[str, np.ndarray]:
+    """float32 weights from one packed file or from its shards, in any order."""
     from safetensors.numpy import load_file
 
-    return unpack(load_file(str(path)))
+    packed: dict[str, np.ndarray] = {}
+    for path in paths:
+        packed.update(load_file(str(path)))
+    return unpack(packed)
