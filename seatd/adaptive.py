@@ -25,6 +25,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from seatd.moving_average import moving
+
 MAX_DEPTH = 6
 PRIOR_ACCEPT = 0.6  # a position's acceptance before any round was seen
 PRIOR_WEIGHT = 2.0  # the seat's acceptance counts as this many rounds of the request's
@@ -53,6 +55,7 @@ class DepthStats:
     accept: list[float] = field(default_factory=list)  # empty: PRIOR_ACCEPT at each depth
     seconds: dict[int, float] = field(default_factory=dict)  # depth -> round time
     seen: dict[int, int] = field(default_factory=dict)
+    timed: dict[int, int] = field(default_factory=dict)  # rounds in `seconds`, by depth
     rounds: int = 0
     requests: int = 0
 
@@ -113,8 +116,9 @@ def observe(s: DepthStats, depth: int, kept: int, seconds: float | None) -> None
     s.rounds += 1
     s.seen[depth] = s.seen.get(depth, 0) + 1
     if seconds is not None:
-        old = s.seconds.get(depth)
-        s.seconds[depth] = seconds if old is None else (1 - ALPHA) * old + ALPHA * seconds
+        timed = s.timed.get(depth, 0)
+        s.timed[depth] = timed + 1
+        s.seconds[depth] = moving(s.seconds.get(depth), seconds, ALPHA, timed)
     # Positions up to the first rejection were tried; the rejected one counts as a miss.
     for i in range(min(kept + 1, depth)):
         hit = 1.0 if i < kept else 0.0

@@ -43,6 +43,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from seatd.moving_average import moving
+
 ALPHA = 0.2  # weight of a new step time
 PROBE_EVERY = 64  # plain steps at one batch size between probes of a verify step
 
@@ -71,8 +73,7 @@ class StepCosts:
         stale = (self.verify_since_plain if plain else self.plain_since_probe).get(c, 0) \
             >= PROBE_EVERY
         if seconds is not None:
-            self.seconds[key] = seconds if old is None or stale \
-                else (1 - ALPHA) * old + ALPHA * seconds
+            self.seconds[key] = moving(None if stale else old, seconds, ALPHA)
         if plain:
             self.plain_since_probe[c] = self.plain_since_probe.get(c, 0) + 1
             self.verify_since_plain[c] = 0

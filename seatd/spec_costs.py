@@ -12,7 +12,9 @@ lookup).  Plain decoding costs `plain` per token.
 
 The batch engine measures the terms on some rounds of a request decoding alone: on those
 it evaluates the proposal before the verify (one extra host sync), so the two can be timed
-apart; every other round stays one graph with one sync.  The terms are moving averages.
+apart; every other round stays one graph with one sync.  The terms are moving averages
+that one outlier (a first round of a new shape, compiling on a GPU) cannot carry
+(`seatd.moving_average`).
 
     costs.due()                              whether this round is one to split
     costs.observe_round(k, drafted_s, verify_s, total_s, lookup)
@@ -26,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from seatd.moving_average import moving
+
 ALPHA = 0.2
 SPLIT_EVERY = 8  # rounds of a request alone between two split (timed-apart) rounds
 
@@ -35,9 +39,16 @@ def _per_token(drafts: dict[int, float]) -> float | None:
     return sum(drafts.values()) / sum(drafts) if drafts else None
 
 
-def _avg(into: dict[int, float], key: int, value: float) -> None:
-    old = into.get(key)
-    into[key] = value if old is None else (1 - ALPHA) * old + ALPHA * value
+def _avg(into: dict[int, float], key: int, value: float, seen: dict[str, int],
+         term: str) -> None:
+    into[key] = moving(into.get(key), value, ALPHA, _count(seen, term))
+
+
+def _count(seen: dict[str, int], term: str) -> int:
+    """Observations of `term` before this one (and counts this one)."""
+    n = seen.get(term, 0)
+    seen[term] = n + 1
+    return n
 
 
 @dataclass
@@ -48,6 +59,7 @@ class SpecCosts:
     lookup_host: float | None = None  # a lookup round's, beyond verifying
     plain: float | None = None  # seconds per plain token, alone
     rounds: int = 0
+    seen: dict[str, int] = field(default_factory=dict)  # observations by term
 
     def due(self) -> bool:
         """Whether the next round alone is split (counts every round asked about)."""
@@ -56,18 +68,18 @@ class SpecCosts:
 
     def observe_round(self, depth: int, draft_s: float, verify_s: float, total_s: float,
                       lookup: bool = False) -> None:
-        _avg(self.verifies, depth + 1, verify_s)
+        _avg(self.verifies, depth + 1, verify_s, self.seen, f"verify{depth + 1}")
         host = max(0.0, total_s - draft_s - verify_s)
         if lookup:
             host += draft_s  # the lookup's own work is host work
-            self.lookup_host = host if self.lookup_host is None else \
-                (1 - ALPHA) * self.lookup_host + ALPHA * host
+            self.lookup_host = moving(self.lookup_host, host, ALPHA,
+                                      _count(self.seen, "lookup_host"))
         else:
-            _avg(self.drafts, depth, draft_s)
-            self.host = host if self.host is None else (1 - ALPHA) * self.host + ALPHA * host
+            _avg(self.drafts, depth, draft_s, self.seen, f"draft{depth}")
+            self.host = moving(self.host, host, ALPHA, _count(self.seen, "host"))
 
     def observe_plain(self, seconds: float) -> None:
-        self.plain = seconds if self.plain is None else (1 - ALPHA) * self.plain + ALPHA * seconds
+        self.plain = moving(self.plain, seconds, ALPHA, _count(self.seen, "plain"))
 
     def draft(self, k: int) -> float | None:
         """Seconds to draft k tokens: measured, else per measured drafter step times k."""
