@@ -10,6 +10,8 @@ how to speculate, or which reason to decline with; the decode loop does the rest
     drafter's tokenizer differs              -> declined:tokenizer_mismatch
     cache cannot roll back (recurrent state) -> declined:cache_not_rollbackable
     adaptive depth parked at 0               -> declined:not_profitable
+                       (the seat's figures of its model drafter are kept apart for
+                       greedy and sampled requests, as its lookup's are)
                        (a model drafter's seat: prompt lookup alone, round by round)
     A model drafter's adaptive rows also draft by prompt lookup where a round is expected
     to pay more that way (`seatd.drafter_choice`); a pinned depth drafts by the model alone.
@@ -64,7 +66,11 @@ def _can_roll_back(model: Any, kv: str) -> bool:
 class SeatSpeculation:
     def __init__(self, config: Config, seat: SeatConfig, target: Any, target_hash: str) -> None:
         self.seat = seat
-        self.stats = DepthStats()
+        # the model drafter's figures, by whether the request samples: above temperature
+        # 0 a draft is kept only where the target's draw lands on it, so one drafter
+        # keeps fewer there, and figures of both would have a seat that pays greedily
+        # speculate at a loss when sampling (as the lookup's below)
+        self.bands = {sampled: DepthStats() for sampled in (False, True)}
         # a model drafter's rows' lookup rounds, by whether the request samples
         # (temperature > 0: a one-hot draft is kept only where the target's draw lands
         # on it), then by match class
@@ -100,32 +106,34 @@ class SeatSpeculation:
     def plan(self, request: Generate, kv: str) -> Speculation | None:
         if self.kind is None:
             return None
+        sampled = request.params.temperature > 0
+        stats = self.bands[sampled]
         if kill_switch(self.seat):
-            return Speculation(None, 0, self.stats, "kill_switch")
+            return Speculation(None, 0, stats, "kill_switch")
         if request.speculation is False:
-            return Speculation(None, 0, self.stats, "disabled_by_request")
+            return Speculation(None, 0, stats, "disabled_by_request")
         if self.unusable is not None:
-            return Speculation(None, 0, self.stats, self.unusable)
+            return Speculation(None, 0, stats, self.unusable)
         if not self.rollback.get(kv, False):
-            return Speculation(None, 0, self.stats, "cache_not_rollbackable")
+            return Speculation(None, 0, stats, "cache_not_rollbackable")
         policy = None
         if request.draft_depth is not None:  # pinned by the request, for measuring
             depth = request.draft_depth
         elif self.seat.draft_depth is not None:
             depth = self.seat.draft_depth
         else:
-            depth = choose_depth(self.stats)
-            policy = RoundPolicy.from_stats(self.stats)
+            depth = choose_depth(stats)
+            policy = RoundPolicy.from_stats(stats)
             if policy is not None and depth > 0:
-                depth = self.stats.max_depth  # the policy picks each round's depth
+                depth = stats.max_depth  # the policy picks each round's depth
         if depth == 0 and policy is None:
-            return Speculation(None, 0, self.stats, "not_profitable")
+            return Speculation(None, 0, stats, "not_profitable")
         if policy is None:  # pinned, or warming up: the drafter at that depth
             drafter = ModelDrafter(self.drafter_model) if self.kind == "model" \
                 else LookupDrafter()
-            return Speculation(drafter, depth, self.stats, costs=self.costs)
+            return Speculation(drafter, depth, stats, costs=self.costs)
         estimate = [self.costs.round(k, lookup=True) for k in range(LOOKUP_MAX_DEPTH + 1)]
-        figures = self.lookup_stats[request.params.temperature > 0]
+        figures = self.lookup_stats[sampled]
         policies = {n: lookup_policy(policy.seconds, s, estimate) for n, s in figures.items()}
         # Classes the seat has drafted or judged enough rounds of: a request's first match
         # of one drafts at the seat's figures (its policy's prior, as of now); of any
@@ -144,7 +152,7 @@ class SeatSpeculation:
                                lookup_stats=figures, lookup_policies=policies,
                                costs=self.costs, lookup_trusted=trusted)
         # Each round may draft by lookup instead of the model (`seatd.drafter_choice`).
-        return Speculation(ModelDrafter(self.drafter_model), depth, self.stats, policy=policy,
+        return Speculation(ModelDrafter(self.drafter_model), depth, stats, policy=policy,
                            lookup=LookupDrafter(max(LOOKUP_ORDERS), min(LOOKUP_ORDERS)),
                            lookup_stats=figures, lookup_policies=policies,
                            costs=self.costs, lookup_trusted=trusted)

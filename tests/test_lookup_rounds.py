@@ -45,10 +45,11 @@ model = "s"
 ladder = ["s"]
 """)
     spec = SeatSpeculation(config, config.seat[0], target.model, target.tokenizer_hash)
-    for k, t in TIMES.items():
-        spec.stats.seen[k], spec.stats.seconds[k] = 1, t
-    spec.stats.accept = [accept] * 6
-    spec.stats.requests = 1
+    for stats in spec.bands.values():
+        for k, t in TIMES.items():
+            stats.seen[k], stats.seconds[k] = 1, t
+        stats.accept = [accept] * 6
+        stats.requests = 1
     spec.costs.observe_plain(TIMES[0])
     for k in (2, 5):  # drafting is 0.010 a token; the verify the rest
         spec.costs.observe_round(k, 0.010 * k, TIMES[k] - 0.010 * k - 0.001, TIMES[k])
@@ -117,9 +118,11 @@ def test_copy_drafts_by_lookup_and_keeps_its_bytes(target: Any, params: Sampling
         assert len(report.accepted_per_position) > MAX_DEPTH
         # A copy in progress matches far back: rounds of the long-match classes.
         assert any(s.rounds for key, s in spec.lookup_stats[False].items() if key >= 8)
-    # The seat's lookup figures are kept apart for greedy and sampled requests.
+    # The seat's figures, the lookup's and the model drafter's, are kept apart for
+    # greedy and sampled requests.
     sampled = params.temperature > 0
     assert not any(s.rounds for s in spec.lookup_stats[not sampled].values())
+    assert spec.bands[sampled].rounds > 0 and spec.bands[not sampled].rounds == 0
     assert sum(r for r, _, _ in report.by_drafter.values()) == report.drafts
     assert sum(k for _, _, k in report.by_drafter.values()) == report.accepted_tokens
     counters = SeatCounters("s", None)
@@ -273,10 +276,11 @@ def test_a_lookup_seat_drafts_by_match_class_once_warm(target: Any) -> None:
     warming = spec.plan(Generate("w", False, greedy), "fp16")
     assert warming is not None and isinstance(warming.drafter, LookupDrafter)
     assert warming.policy is None and warming.lookup_policies is None
+    greedy_figures = spec.bands[False]
     for k, t in TIMES.items():
-        spec.stats.seen[k], spec.stats.seconds[k] = 1, t
-    spec.stats.accept = [0.05] * 6  # over every match: hopeless, as one figure
-    spec.stats.requests = 10
+        greedy_figures.seen[k], greedy_figures.seconds[k] = 1, t
+    greedy_figures.accept = [0.05] * 6  # over every match: hopeless, as one figure
+    greedy_figures.requests = 10
     figures = spec.lookup_stats[False]
     for key, seen, accept in ((16, {0: 10, 6: 8}, 0.97), (2, {0: 10, 3: 8}, 0.05)):
         figures[key].seen = seen
@@ -286,3 +290,20 @@ def test_a_lookup_seat_drafts_by_match_class_once_warm(target: Any) -> None:
     assert isinstance(plan.drafter, LookupDrafter) and plan.lookup_policies
     assert plan.lookup_trusted == frozenset({2, 16})
     assert plan.lookup_policies[16].best() > 0 and plan.lookup_policies[2].best() == 0
+
+
+def test_a_drafter_that_pays_greedily_is_judged_apart_when_sampling(target: Any) -> None:
+    """Greedy rounds that keep most drafts do not send sampled requests to the model
+    drafter: a sampled draft is kept only where the target's draw lands on it, and the
+    seat keeps the model drafter's figures by whether the request samples.  A sampled
+    request whose band says the model does not pay drafts by the lookup alone."""
+    spec = seat(target, 0.9)
+    spec.bands[True].accept = [0.02] * 6  # sampled, its drafts seldom hold
+    greedy = spec.plan(Generate("g", False, SamplingParams(max_tokens=8, temperature=0)),
+                       "fp16")
+    sampled = spec.plan(Generate("s", False, SamplingParams(max_tokens=8, temperature=0.7,
+                                                            seed=1)), "fp16")
+    assert greedy is not None and isinstance(greedy.drafter, ModelDrafter)
+    assert greedy.stats is spec.bands[False]
+    assert sampled is not None and sampled.decline is None
+    assert isinstance(sampled.drafter, LookupDrafter) and sampled.lookup_policies
