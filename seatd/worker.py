@@ -32,7 +32,7 @@ import zmq.asyncio
 
 from seatd import blas
 from seatd.answer import seam
-from seatd.backend import backend, device_name
+from seatd.backend import backend, device_name, seat_environment
 from seatd.batch import Engine, RowCancelled, Work
 from seatd.counters import SeatCounters
 from seatd.decode import PREFILL_CHUNK, DecodeResult, output_width
@@ -631,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seat", required=True)
     parser.add_argument("--config", default=None)
     args = parser.parse_args(argv)
+    seat_environment()  # before the MLX thread's first step
     setup_logging(f"worker:{args.seat}")
     structlog.contextvars.bind_contextvars(seat=args.seat)  # before any thread starts
     lifecycle.die_with_parent()
