@@ -10,9 +10,9 @@ how to speculate, or which reason to decline with; the decode loop does the rest
     drafter's tokenizer differs              -> declined:tokenizer_mismatch
     cache cannot roll back (recurrent state) -> declined:cache_not_rollbackable
     adaptive depth parked at 0               -> declined:not_profitable
-                       (the seat's figures of its model drafter are kept apart for
-                       greedy and sampled requests, as its lookup's are)
                        (a model drafter's seat: prompt lookup alone, round by round)
+    The seat's figures, of its model drafter as of its lookup, are kept apart for greedy
+    and sampled requests (`bands`).
     A model drafter's adaptive rows also draft by prompt lookup where a round is expected
     to pay more that way (`seatd.drafter_choice`); a pinned depth drafts by the model alone.
     drafter raised mid-request               -> declined:drafter_error (in decode)
