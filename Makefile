@@ -33,7 +33,8 @@ lock: setup
 up: setup
 	$(VENV)/bin/sanctum up
 
-test: setup
+# The lint first, then the suite: CI runs `make test`, so it keeps both clean.
+test: lint
 	LD_PRELOAD=$(OPENBLAS) $(PY) -m pytest
 
 # mypy --strict (pyproject.toml) on all four packages.
