@@ -7,7 +7,8 @@ an API's shape, so every door (chat and completions today, others later) refuses
 same things with the same words.  A check returns nothing, or raises one of:
 
     OverSize   (PayloadTooLarge, 413 payload_too_large)  the body, or one text
-    OverLimit  (BadRequest, 400 invalid_request)         a count, a number, a schema
+    OverLimit  (BadRequest, 400 invalid_request)         a count, a number, a schema,
+                                                         the body's nesting
 
 Each names the field as `param` (`body`, `messages[3].content`, `max_tokens`,
 `stop[2]`, `tools[0].function.parameters`, `logit_bias`) and carries `limit` and `actual` (`actual`
@@ -32,6 +33,40 @@ from shared.protocol import MAX_LOGIT_BIAS
 
 class OverLimit(BadRequest):
     """400: a count or a number past its configured limit."""
+
+
+# Arrays and objects in a body nest at most this deep.  A JSON decoder's own limit is
+# Python's recursion limit, which differs between versions (3.12 counts C recursion
+# apart: a field 2,000 levels deep decoded there and raised on 3.11), so a door checks
+# the depth itself before decoding, and every Python refuses the same bodies alike.
+MAX_JSON_DEPTH = 128
+_OPENS = frozenset(b"[{")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth(body: bytes) -> int:
+    """How deep a JSON text's arrays and objects nest (0: none); brackets inside
+    strings do not count.  C-speed passes over the body, then one over its brackets
+    outside strings.  A text that is not JSON gets some number: its decoder refuses it.
+    Pure."""
+    text = body.replace(b"\\\\", b"").replace(b'\\"', b"")  # escapes: no quote ends there
+    outside = b"".join(text.split(b'"')[::2])  # every other piece between quotes
+    brackets = outside.translate(None, _NOT_BRACKETS)
+    if len(brackets) <= 1:
+        return len(brackets)
+    depth = deepest = 0
+    for b in brackets:
+        depth += 1 if b in _OPENS else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def check_depth(body: bytes) -> None:
+    depth = json_depth(body)
+    if depth > MAX_JSON_DEPTH:
+        raise OverLimit(f"the request body nests {depth} levels deep; the limit is "
+                        f"{MAX_JSON_DEPTH}", param="body", limit=MAX_JSON_DEPTH,
+                        actual=depth)
 
 
 class OverSize(PayloadTooLarge):

@@ -187,9 +187,11 @@ S = TypeVar("S", bound=msgspec.Struct)
 def decode_body(body: bytes, kind: type[S], strict: type[S]) -> tuple[S, tuple[str, ...]]:
     """The body as `kind`, and the unknown top-level fields it had (sanitised): decoded
     first as `strict`, the same Struct forbidding unknown fields, so a body with none
-    costs one decode (every door reads its body so)."""
+    costs one decode (every door reads its body so).  A body nested past
+    `limits.MAX_JSON_DEPTH` is refused before decoding."""
     if not body:
         raise BadRequest("the request body is empty; expected a JSON object", param="body")
+    lim.check_depth(body)
     try:
         try:
             return msgspec.json.decode(body, type=strict), ()

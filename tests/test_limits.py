@@ -104,6 +104,34 @@ def test_a_schema_too_deep_to_encode_is_a_400() -> None:
     assert lim.encoded_bytes("x", {"type": "object"}) == len(b'{"type":"object"}')
 
 
+@pytest.mark.parametrize(("body", "depth"), [
+    (b'{"model":"m"}', 1),
+    (b"42", 0),
+    (b'{"a":[1,{"b":[]}],"c":{}}', 4),
+    (b'{"a":"[[[[{{{{"}', 1),  # brackets inside a string do not count
+    (b'{"a":"quote \\" [[[ \\\\","b":[[]]}', 3),  # escaped quote, escaped backslash
+    (b'{"a":"\\\\"}', 1),  # a string ending in a backslash ends there
+    (b"[" * 500 + b"]" * 500, 500),
+])
+def test_json_depth_counts_brackets_outside_strings(body: bytes, depth: int) -> None:
+    assert lim.json_depth(body) == depth
+
+
+def test_a_body_nested_past_the_limit_is_refused_with_numbers() -> None:
+    """The same on every Python (a decoder's own limit is Python's recursion limit), at
+    every door: each decodes its body through `openai_api.decode_body`."""
+    nested = b"[" * (lim.MAX_JSON_DEPTH + 1) + b"]" * (lim.MAX_JSON_DEPTH + 1)
+    chat_body = b'{"model":"m","messages":[{"role":"user","content":"x"}],"x":' + nested + b"}"
+    for parse in (parse_chat, parse_completion):
+        with pytest.raises(lim.OverLimit) as over:
+            parse(chat_body, ProxyConfig())
+        error = over.value.body()["error"]
+        assert (error["param"], error["limit"], error["actual"]) == \
+            ("body", lim.MAX_JSON_DEPTH, lim.MAX_JSON_DEPTH + 2)
+    at = b"[" * (lim.MAX_JSON_DEPTH - 1) + b"]" * (lim.MAX_JSON_DEPTH - 1)
+    lim.check_depth(b'{"x":' + at + b"}")  # at the limit: decoded as before
+
+
 # -- the doors ---------------------------------------------------------------
 
 
