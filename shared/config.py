@@ -242,6 +242,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def _check(config: Config) -> None:
+    """What the schema cannot say: names unique, each seat's keys fit its kind, routes
+    name seats, the proxy's address parses.  The first problem found is raised."""
     names = [s.name for s in config.seat]
     for i, name in enumerate(names):
         if name in names[:i]:
@@ -249,29 +251,9 @@ def _check(config: Config) -> None:
     for i, seat in enumerate(config.seat):
         where = f"seat[{i}] ({seat.name})"
         if seat.kind == "mlx":
-            if not seat.model:
-                raise ConfigError(f"{where}.model: a local seat needs a model")
-            if seat.offbox:
-                raise ConfigError(f"{where}.offbox: a local (mlx) seat is on the box")
-            for key in ("base_url", "api_key_env", "upstream_model"):
-                if getattr(seat, key) is not None:
-                    raise ConfigError(f"{where}.{key}: only for kind = \"openai\"")
-            if seat.upstream_fields:
-                raise ConfigError(f"{where}.upstream_fields: only for kind = \"openai\" "
-                                  "(a local seat honours every field)")
+            _check_local(seat, where)
         else:
-            if not seat.base_url:
-                raise ConfigError(f"{where}.base_url: a hosted seat needs base_url")
-            if not _http_url(seat.base_url):
-                raise ConfigError(f"{where}.base_url: an http:// or https:// URL with a host, "
-                                  f"not {seat.base_url!r}")
-            if seat.model is not None or seat.drafter is not None:
-                raise ConfigError(f"{where}.model: a hosted seat uses upstream_model")
-            for key in ("endpoint", "curve_cert", "curve_clients"):
-                if getattr(seat, key) is not None:
-                    raise ConfigError(f"{where}.{key}: only for local (mlx) seats")
-            if seat.remote:
-                raise ConfigError(f"{where}.remote: only for local (mlx) seats")
+            _check_hosted(seat, where)
         _check_endpoint(config, seat, where)
         if seat.drafter is not None and seat.drafter.kind == "model" and not seat.drafter.path:
             raise ConfigError(f"{where}.drafter.path: a model drafter needs a path")
@@ -282,6 +264,43 @@ def _check(config: Config) -> None:
                 raise ConfigError(f"seat {seat.name}.endpoint: {seat.endpoint} is seat "
                                   f"{bound[seat.endpoint]}'s already")
             bound[seat.endpoint] = seat.name
+    _check_routes(config, names)
+    host, _, port = config.proxy.listen.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"proxy.listen: expected HOST:PORT, got {config.proxy.listen!r}")
+
+
+def _check_local(seat: SeatConfig, where: str) -> None:
+    """A local (mlx) seat: a model, and none of a hosted seat's keys."""
+    if not seat.model:
+        raise ConfigError(f"{where}.model: a local seat needs a model")
+    if seat.offbox:
+        raise ConfigError(f"{where}.offbox: a local (mlx) seat is on the box")
+    for key in ("base_url", "api_key_env", "upstream_model"):
+        if getattr(seat, key) is not None:
+            raise ConfigError(f"{where}.{key}: only for kind = \"openai\"")
+    if seat.upstream_fields:
+        raise ConfigError(f"{where}.upstream_fields: only for kind = \"openai\" "
+                          "(a local seat honours every field)")
+
+
+def _check_hosted(seat: SeatConfig, where: str) -> None:
+    """A hosted seat: an http(s) base_url, and none of a local seat's keys."""
+    if not seat.base_url:
+        raise ConfigError(f"{where}.base_url: a hosted seat needs base_url")
+    if not _http_url(seat.base_url):
+        raise ConfigError(f"{where}.base_url: an http:// or https:// URL with a host, "
+                          f"not {seat.base_url!r}")
+    if seat.model is not None or seat.drafter is not None:
+        raise ConfigError(f"{where}.model: a hosted seat uses upstream_model")
+    for key in ("endpoint", "curve_cert", "curve_clients"):
+        if getattr(seat, key) is not None:
+            raise ConfigError(f"{where}.{key}: only for local (mlx) seats")
+    if seat.remote:
+        raise ConfigError(f"{where}.remote: only for local (mlx) seats")
+
+
+def _check_routes(config: Config, names: list[str]) -> None:
     routes = [r.model for r in config.route]
     for i, route in enumerate(config.route):
         if route.model in routes[:i]:
@@ -289,9 +308,6 @@ def _check(config: Config) -> None:
         for rung in route.ladder:
             if rung not in names:
                 raise ConfigError(f"route[{i}].ladder: unknown seat {rung!r}")
-    host, _, port = config.proxy.listen.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"proxy.listen: expected HOST:PORT, got {config.proxy.listen!r}")
 
 
 def _http_url(text: str) -> bool:
