@@ -207,20 +207,43 @@ def _stopping_exited(seat: SeatState, reason: str, now: float,
     return _respawn(replace(seat, pid=None, crashes=crashes, last_exit=why))
 
 
+def _stop_requested(seat: SeatState, now: float, policy: Policy
+                    ) -> tuple[SeatState, list[Action]]:
+    s = seat.state
+    if s in ALIVE:
+        return replace(seat, state=State.STOPPING,
+                       stop_deadline=now + policy.stop_deadline_s), [Terminate()]
+    if s == State.STOPPING:
+        # A recycle in progress becomes a plain stop: nothing follows it.
+        return replace(seat, recycle=None), []
+    if s in (State.BACKOFF, State.FATAL):
+        return replace(seat, state=State.STOPPED, retry_at=None), []
+    return seat, []
+
+
+def _tick(seat: SeatState, now: float, policy: Policy) -> tuple[SeatState, list[Action]]:
+    """The clock's part: a drain deadline passed, a backoff over, a fatal cooldown over."""
+    s = seat.state
+    if s == State.STOPPING and seat.stop_deadline is not None and seat.pid is not None \
+            and now >= seat.stop_deadline:
+        # Kill once; the exit then ends the stop (or the recycle).
+        return replace(seat, stop_deadline=None), [Kill("drain deadline passed")]
+    if s == State.BACKOFF and seat.retry_at is not None and now >= seat.retry_at \
+            and seat.pid is None:
+        return _respawn(seat)
+    if (s == State.FATAL and policy.fatal_cooldown_s is not None
+            and seat.fatal_at is not None and seat.pid is None
+            and now - seat.fatal_at >= policy.fatal_cooldown_s):
+        return _respawn(replace(seat, crashes=(), fatal_at=None))
+    return seat, []
+
+
 def transition(seat: SeatState, event: Event, now: float, policy: Policy,
                rng: random.Random | None = None) -> tuple[SeatState, list[Action]]:
     s = seat.state
     match event:
         case StopRequested():
-            if s in ALIVE:
-                return replace(seat, state=State.STOPPING,
-                               stop_deadline=now + policy.stop_deadline_s), [Terminate()]
-            if s == State.STOPPING:
-                # A recycle in progress becomes a plain stop: nothing follows it.
-                return replace(seat, recycle=None), []
-            if s in (State.BACKOFF, State.FATAL):
-                return replace(seat, state=State.STOPPED, retry_at=None), []
-            return seat, []
+            return _stop_requested(seat, now, policy)
         case Spawned(pid=pid):
             return replace(seat, state=State.STARTING, pid=pid, retry_at=None), []
         case Heard(ready=ready, busy=busy):
@@ -249,18 +272,7 @@ def transition(seat: SeatState, event: Event, now: float, policy: Policy,
             # BACKOFF/FATAL after a Lost: the killed process is now gone.
             return replace(seat, pid=None), []
         case Tick():
-            if s == State.STOPPING and seat.stop_deadline is not None and seat.pid is not None \
-                    and now >= seat.stop_deadline:
-                # Kill once; the exit then ends the stop (or the recycle).
-                return replace(seat, stop_deadline=None), [Kill("drain deadline passed")]
-            if s == State.BACKOFF and seat.retry_at is not None and now >= seat.retry_at \
-                    and seat.pid is None:
-                return _respawn(seat)
-            if (s == State.FATAL and policy.fatal_cooldown_s is not None
-                    and seat.fatal_at is not None and seat.pid is None
-                    and now - seat.fatal_at >= policy.fatal_cooldown_s):
-                return _respawn(replace(seat, crashes=(), fatal_at=None))
-            return seat, []
+            return _tick(seat, now, policy)
         case RestartRequested():
             if s in (State.BACKOFF, State.FATAL, State.STOPPED):
                 if seat.pid is not None:
