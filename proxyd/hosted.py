@@ -319,28 +319,21 @@ class HostedClient:
         passes on what it read, so a burst costs one write downstream, not one each.
         The tool calls completed and the log-probabilities of those events ride in it."""
         loop = asyncio.get_running_loop()
-        chat = read.chat
-        calls = wire.ToolCallAssembler(rid)
+        said = _Said(wire.ToolCallAssembler(rid))
         decoder = sse.Decoder()
-        produced = 0
-        finish: str | None = None
-        usage: Usage | None = None
-        model = ""
-        fingerprint = ""
         partial = b""  # an unfinished line, carried to the next read
-        ended = False
-        while not ended:
+        while not said.ended:
             now = loop.time()
-            if finish is not None:
+            if said.finish is not None:
                 until, reason = min(now + min(TAIL_S, stall_s), deadline), ""
-            elif produced == 0:
+            elif said.produced == 0:
                 until, reason = first_by, "first_token_timeout"
             else:
                 until, reason = min(now + stall_s, deadline), "stall_timeout"
             try:
                 data = await resp.read_some(until)
             except TimeoutError:
-                if finish is not None:
+                if said.finish is not None:
                     break  # complete; the upstream just never closed
                 if until >= deadline:
                     reason = "deadline"
@@ -348,7 +341,7 @@ class HostedClient:
                 yield TryEnd(Failed(reason, f"upstream silent for {waited:.3g}s"))
                 return
             except UpstreamError as exc:
-                if finish is not None:
+                if said.finish is not None:
                     break
                 reason = "malformed_stream" if isinstance(exc, Malformed) else "stream_cut"
                 yield TryEnd(Failed(reason, self.scrub(str(exc))))
@@ -358,70 +351,70 @@ class HostedClient:
             if len(partial) > LINE_MAX:
                 yield TryEnd(Failed("malformed_stream", f"a line over {LINE_MAX} bytes"))
                 return
-            events = [e for e in (decoder.line(line.decode("utf-8", "replace"))
-                                  for line in lines) if e is not None]
-            if at_end:
-                if partial:
-                    last = decoder.line(partial.decode("utf-8", "replace"))
-                    if last is not None:
-                        events.append(last)
-                last = decoder.end()
-                if last is not None:
-                    events.append(last)
-                ended = True
-            texts: list[str] = []
-            done: list[ToolCall] = []
-            logprobs: list[TokenLogprob] = []
-            failure: TryEnd | None = None
-            for event in events:
-                try:
-                    got = sse.piece(event, chat)
-                    more = (wire.extras(event.data, chat)
-                            if read.extras and not got.done and got.error is None
-                            else wire.NONE)
-                    if more.tool_deltas:
-                        produced += 1
-                        done += calls.feed(more.tool_deltas)
-                    if got.finish_reason or got.done:
-                        done += calls.finish()  # the choice ended: every call is whole
-                except sse.Malformed as exc:
-                    failure = TryEnd(Failed("malformed_stream", self.scrub(str(exc))))
-                    break
-                if got.error is not None:
-                    message = str(got.error.get("message") or got.error)
-                    failure = TryEnd(Failed("upstream_error", self.scrub(message)))
-                    break
-                model = got.model or model
-                fingerprint = got.fingerprint or fingerprint
-                usage = got.usage or usage
-                logprobs += more.logprobs
-                if got.text:
-                    produced += 1
-                    texts.append(got.text)
-                finish = got.finish_reason or finish
-                if got.done:
-                    # An explicit end; an upstream that never sends a finish reason
-                    # still said it is done.
-                    finish = finish or "stop"
-                    ended = True
-                    break
-                if finish is not None and usage is not None:
-                    ended = True  # all that [DONE] could add; do not wait for it
-                    break
+            events = _events(decoder, lines, partial if at_end else None)
+            said.ended = said.ended or at_end
+            texts, done, logprobs, failure = self._take(events, said, read)
             if texts or done or logprobs:  # what arrived before a fault is the client's
-                yield Chunk(rid, "".join(texts), produced, self.served + 1,
+                yield Chunk(rid, "".join(texts), said.produced, self.served + 1,
                             tool_calls=tuple(done), logprobs=tuple(logprobs))
             if failure is not None:
                 yield failure
                 return
-        if finish is None:
+        if said.finish is None:
             yield TryEnd(Failed("stream_cut", "the stream ended before its finish_reason"))
             return
+        usage = said.usage
         if usage is None or usage.completion_tokens == 0:
-            usage = Usage(usage.prompt_tokens if usage else 0, produced,
+            usage = Usage(usage.prompt_tokens if usage else 0, said.produced,
                           usage.cached_tokens if usage else 0)
-        yield TryEnd(Ok(), finish_reason=finish, usage=usage, model=model,
-                     fingerprint=fingerprint)
+        yield TryEnd(Ok(), finish_reason=said.finish, usage=usage, model=said.model,
+                     fingerprint=said.fingerprint)
+
+    def _take(self, events: list[sse.Event], said: _Said, read: Reading
+              ) -> tuple[list[str], list[ToolCall], list[TokenLogprob], TryEnd | None]:
+        """One read's events into what the stream has said: their texts, the tool calls
+        they completed, their log-probabilities, and the failure one of them was (the
+        events after it are not read)."""
+        chat = read.chat
+        texts: list[str] = []
+        done: list[ToolCall] = []
+        logprobs: list[TokenLogprob] = []
+        for event in events:
+            try:
+                got = sse.piece(event, chat)
+                more = (wire.extras(event.data, chat)
+                        if read.extras and not got.done and got.error is None
+                        else wire.NONE)
+                if more.tool_deltas:
+                    said.produced += 1
+                    done += said.calls.feed(more.tool_deltas)
+                if got.finish_reason or got.done:
+                    done += said.calls.finish()  # the choice ended: every call is whole
+            except sse.Malformed as exc:
+                return texts, done, logprobs, TryEnd(Failed("malformed_stream",
+                                                            self.scrub(str(exc))))
+            if got.error is not None:
+                message = str(got.error.get("message") or got.error)
+                return texts, done, logprobs, TryEnd(Failed("upstream_error",
+                                                            self.scrub(message)))
+            said.model = got.model or said.model
+            said.fingerprint = got.fingerprint or said.fingerprint
+            said.usage = got.usage or said.usage
+            logprobs += more.logprobs
+            if got.text:
+                said.produced += 1
+                texts.append(got.text)
+            said.finish = got.finish_reason or said.finish
+            if got.done:
+                # An explicit end; an upstream that never sends a finish reason
+                # still said it is done.
+                said.finish = said.finish or "stop"
+                said.ended = True
+                break
+            if said.finish is not None and said.usage is not None:
+                said.ended = True  # all that [DONE] could add; do not wait for it
+                break
+        return texts, done, logprobs, None
 
     async def _whole(self, rid: str, resp: Response, read: Reading,
                      first_by: float) -> AsyncIterator[Chunk | TryEnd]:
@@ -493,3 +486,33 @@ def classify(status: int, code: str, message: str, seat: str) -> Outcome:
         code = CONTEXT_LENGTH
     return Rejected(status, code or f"upstream_{status}", message,
                     {"seat": seat, "upstream_status": status})
+
+
+@dataclass
+class _Said:
+    """What a hosted stream has said so far."""
+
+    calls: wire.ToolCallAssembler
+    produced: int = 0  # texts and call deltas received
+    finish: str | None = None
+    usage: Usage | None = None
+    model: str = ""
+    fingerprint: str = ""
+    ended: bool = False
+
+
+def _events(decoder: sse.Decoder, lines: list[bytes], last: bytes | None
+            ) -> list[sse.Event]:
+    """The SSE events of one read's whole lines; `last` (the stream ended): its
+    unfinished line, then whatever the decoder still held."""
+    events = [e for e in (decoder.line(line.decode("utf-8", "replace")) for line in lines)
+              if e is not None]
+    if last is not None:
+        if last:
+            event = decoder.line(last.decode("utf-8", "replace"))
+            if event is not None:
+                events.append(event)
+        event = decoder.end()
+        if event is not None:
+            events.append(event)
+    return events
