@@ -1111,6 +1111,51 @@ class Engine:
         self._read(rows, [b for b, r in enumerate(rows) if r.unread])
         if split is not None:  # the wait for a plain step in flight is not drafting
             split = time.perf_counter()
+        drafts = self._propose(lane, depths)
+        drafted_at = None
+        if split is not None:
+            mx.eval([d.tokens for d in drafts if d is not None])
+            drafted_at = time.perf_counter()
+        limits, masks = self._cut(rows, drafts)
+        widths = [1 + lim for lim in limits]
+        n = max(widths)
+        pad = mx.zeros((n,), dtype=mx.uint32)
+        block = mx.stack([
+            mx.concatenate([r.feed, d.tokens[:lim], pad[: n - w]]) if lim  # type: ignore[list-item]
+            else mx.concatenate([r.feed, pad[: n - 1]])  # type: ignore[list-item]
+            for r, d, lim, w in zip(rows, drafts, limits, widths, strict=True)])
+        block, rider = self._board(lane, block, n)
+        lane.cache.begin(widths, n, rider)
+        if n > 1 and lane.cache.recurrent_layers:
+            with recurrent.recording():
+                logits = self.model(block, cache=lane.cache.layers)  # (B, n, V)
+        else:
+            logits = self.model(block, cache=lane.cache.layers)[: len(rows)]
+        lane.cache.end()
+        verdicts = self._judge(rows, drafts, limits, masks, logits)
+        flat = [a for v in verdicts for a in v]
+        mx.eval(flat, [d.tokens for d in drafts if d is not None])
+        parts = None
+        if split is not None and drafted_at is not None:
+            parts = (drafted_at - split, time.perf_counter() - drafted_at, n)
+        keeps = []
+        outs: list[list[int]] = []
+        for (n_arr, t_arr), d in zip(verdicts, drafts, strict=True):
+            kept, token = _ints(n_arr)[0], _ints(t_arr)[0]
+            tokens_host = _ints(d.tokens) if d is not None else []
+            keeps.append(kept + 1)
+            outs.append([*tokens_host[:kept], token])
+        lane.cache.roll_back(keeps, n)
+        if lane.cache.holes() > SLACK:
+            lane.cache.compact()
+        token_lps = self._block_logprobs(logits, rows, outs)
+        self._settle(lane, rows, drafts, outs, keeps, token_lps)
+        return parts
+
+    def _propose(self, lane: Lane, depths: list[int]) -> list[Any]:
+        """Each row's draft for this verify (None: it drafts nothing this step): the
+        rows drafting together in one forward per position, the others alone."""
+        rows = lane.rows
         together = self._propose_together(lane, depths)
         drafts: list[Any] = []
         for b, r in enumerate(rows):
@@ -1139,10 +1184,11 @@ class Engine:
             lookup = (spec.lookup if r.by_lookup else spec.drafter) if spec is not None else None
             if isinstance(lookup, LookupDrafter):
                 r.lookup_key = lookup.key  # of the match it drafted from
-        drafted_at = None
-        if split is not None:
-            mx.eval([d.tokens for d in drafts if d is not None])
-            drafted_at = time.perf_counter()
+        return drafts
+
+    def _cut(self, rows: list[Row], drafts: list[Any]
+             ) -> tuple[list[int], list[mx.array | None]]:
+        """How much of each row's draft the verify takes, and its grammar's masks."""
         # A grammar cuts a draft before its first forbidden token (never accepted); the
         # masks of the positions verified come with the cut.
         limits: list[int] = []
@@ -1164,21 +1210,13 @@ class Engine:
                 along, allowed = None, 0
             limits.append(allowed)
             masks.append(along[: allowed + 1] if along is not None else None)
-        widths = [1 + lim for lim in limits]
-        n = max(widths)
-        pad = mx.zeros((n,), dtype=mx.uint32)
-        block = mx.stack([
-            mx.concatenate([r.feed, d.tokens[:lim], pad[: n - w]]) if lim  # type: ignore[list-item]
-            else mx.concatenate([r.feed, pad[: n - 1]])  # type: ignore[list-item]
-            for r, d, lim, w in zip(rows, drafts, limits, widths, strict=True)])
-        block, rider = self._board(lane, block, n)
-        lane.cache.begin(widths, n, rider)
-        if n > 1 and lane.cache.recurrent_layers:
-            with recurrent.recording():
-                logits = self.model(block, cache=lane.cache.layers)  # (B, n, V)
-        else:
-            logits = self.model(block, cache=lane.cache.layers)[: len(rows)]
-        lane.cache.end()
+        return limits, masks
+
+    def _judge(self, rows: list[Row], drafts: list[Any], limits: list[int],
+               masks: list[mx.array | None], logits: mx.array
+               ) -> list[tuple[mx.array, mx.array]]:
+        """Each row's verdict on the device: (drafts kept, the next token), by its
+        rule: greedy, keyed (seeded), or rejection sampling."""
         verdicts: list[tuple[mx.array, mx.array]] = []
         for b, (r, d, lim, mask) in enumerate(zip(rows, drafts, limits, masks, strict=True)):
             shaped = r.shaper is not None and not r.answer.done
@@ -1207,22 +1245,11 @@ class Engine:
                 assert not isinstance(r.draws, Keyed)
                 verdicts.append(verify_sampled(draft_probs(own, r.params), tokens[None], probs,
                                                r.draws.next_key()))
-        flat = [a for v in verdicts for a in v]
-        mx.eval(flat, [d.tokens for d in drafts if d is not None])
-        parts = None
-        if split is not None and drafted_at is not None:
-            parts = (drafted_at - split, time.perf_counter() - drafted_at, n)
-        keeps = []
-        outs: list[list[int]] = []
-        for (n_arr, t_arr), d in zip(verdicts, drafts, strict=True):
-            kept, token = _ints(n_arr)[0], _ints(t_arr)[0]
-            tokens_host = _ints(d.tokens) if d is not None else []
-            keeps.append(kept + 1)
-            outs.append([*tokens_host[:kept], token])
-        lane.cache.roll_back(keeps, n)
-        if lane.cache.holes() > SLACK:
-            lane.cache.compact()
-        token_lps = self._block_logprobs(logits, rows, outs)
+        return verdicts
+
+    def _settle(self, lane: Lane, rows: list[Row], drafts: list[Any], outs: list[list[int]],
+                keeps: list[int], token_lps: list[list[TokenLogprob | None]]) -> None:
+        """The verdicts into the rows: their answers, feeds, counts and drafters."""
         for r, d, out, keep, lps in zip(rows, drafts, outs, keeps, token_lps, strict=True):
             r.issued += len(out)
             r.feed = mx.array([out[-1]], dtype=mx.uint32)
@@ -1256,7 +1283,6 @@ class Engine:
                     self._accept(r, token, lp)
             else:
                 self._take(r, out, lps)
-        return parts
 
     def _block_logprobs(self, logits: mx.array, rows: list[Row], outs: list[list[int]]
                         ) -> list[list[TokenLogprob | None]]:
