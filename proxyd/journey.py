@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 import structlog
@@ -67,6 +67,7 @@ from proxyd.proxy import Proxy
 from proxyd.readiness import rung_states
 from proxyd.seat_client import SeatClient
 from proxyd.seat_state import SeatState
+from shared.caps import Verdict
 from shared.config import RouteConfig
 from shared.errors import BadRequest, Loading, client_error
 from shared.protocol import (
@@ -75,6 +76,7 @@ from shared.protocol import (
     Final,
     Generate,
     Outcome,
+    Pong,
     Rejected,
     Retry,
     TokenLogprob,
@@ -162,50 +164,13 @@ class Journey:
             self.seat = name
             seat_cfg = proxy.seats[name]
             client = proxy.clients[name]
-            gen = self.request_for(name)
-            field = unsupported(gen, seat_cfg)
-            if field is not None:  # never answered without a field it was given
-                self.record(name, Skipped(UNSUPPORTED, field=field))
+            taken = await self.take_rung(i, name, memo, over_cap)
+            if taken is Waited.GONE:
+                return
+            if taken is None:  # skipped, and recorded so
                 continue
-            if self.committed:
-                if not may_continue(gen, hosted=not isinstance(client, SeatClient)):
-                    self.record(name, Skipped("constrained"))
-                    continue
-                memo = {}  # a longer prompt: counted again for every rung
-            pong = client.pong if isinstance(client, SeatClient) else None
-            try:
-                verdict = await proxy.admission.judge(seat_cfg, gen, memo,
-                                                      pong.max_prompt_tokens if pong else 0)
-            except BadRequest:
-                if not self.committed:
-                    raise
-                # A continuing rung whose chat template refuses the chat (another model
-                # family than the rung that began the answer): it cannot continue it.
-                self.record(name, Skipped(TEMPLATE_REFUSED))
-                continue
-            if (verdict.admitted and not self.committed and isinstance(client, SeatClient)
-                    and client.state is SeatState.LOADING):
-                waited = await self.wait_for_load(self.plan.rungs[i:])
-                if waited is Waited.GONE:
-                    return
-                if waited is not None:  # a seat that loaded meanwhile tells its own cap
-                    pong = client.pong
-                    verdict = await proxy.admission.judge(
-                        seat_cfg, gen, memo, pong.max_prompt_tokens if pong else 0)
-            if not verdict.admitted:
-                self.record(name, Skipped("over_cap", verdict))
-                if self.committed:
-                    log.info("continuation_over_cap", request_id=rid, seat=name,
-                             prompt_tokens=verdict.tokens, cap=verdict.cap)
-                    over_cap.append({"seat": name, "prompt_tokens": verdict.tokens or 0,
-                                     "cap": verdict.cap or 0})
-                continue
-            admitted, probe = proxy.admit(name)
-            if not admitted:
-                self.record(name, Skipped("circuit_open"))
-                continue
-            if probe:
-                self.probes.add(name)
+            assert not isinstance(taken, Waited)
+            gen, verdict, pong, probe = taken
             if answer is None:
                 answer = Answer(rid, name, self.created)
             segment = Segment(name, tokenizer=pong.tokenizer_hash if pong else "",
@@ -249,13 +214,7 @@ class Journey:
                                 assert broke is not None
                                 self.seam(broke, name)
                             self.note(answer, name, frame)
-                        if segment not in self.segments:
-                            self.segments.append(segment)
-                        segment.tokens = max(segment.tokens, frame.completion_tokens)
-                        if segment.ids is not None:
-                            segment.ids.extend(frame.ids)
-                        self.sent.append(frame.text)
-                        yield Text(frame.text, frame.tool_calls, frame.logprobs)
+                        yield self.text(segment, frame)
                         continue
                     if isinstance(frame, Retry):
                         # A hosted rung tries again: the failed try is listed, never served.
@@ -263,34 +222,12 @@ class Journey:
                         counters.inc("attempts", name, "failed")
                         continue
                     assert isinstance(frame, Final)
-                    outcome = frame.outcome
-                    if isinstance(outcome, Failed) and outcome.reason == "client_disconnected":
-                        self.left()
-                        return
-                    self.record(name, outcome)
-                    segment.served, segment.outcome = frame.served, outcome_label(outcome)
-                    phase = Phase.AFTER_COMMIT if self.committed else Phase.BEFORE_COMMIT
-                    step = decide(outcome, phase)
-                    if step is not Step.DONE:  # an answer is logged once, as `answered`
-                        log.info("attempt", request_id=rid, seat=name,
-                                 outcome=outcome_label(outcome), phase=phase.value,
-                                 step=step.value, sent_tokens=segment.tokens)
+                    step, outcome = self.end_attempt(name, frame, segment)
                     if step is Step.NEXT_RUNG:
-                        counters.inc("fallbacks", fallback_reason(outcome))
                         break
                     if step is Step.RETURN_ERROR:
                         assert isinstance(outcome, Rejected)
-                        if outcome.status == 413 and verdict.tokens is not None:
-                            # We admitted what the seat refused: the layers disagree.
-                            counters.inc("cap_disagreements")
-                            log.error("cap_disagreement", seat=name, proxy_tokens=verdict.tokens,
-                                      proxy_count_exact=verdict.exact,
-                                      proxy_cap=verdict.cap,
-                                      seat_tokens=outcome.extra.get("prompt_tokens"),
-                                      seat_cap=outcome.extra.get("cap"))
-                        raise client_error(outcome.status, outcome.code, outcome.message,
-                                           attempts=attempts_header(self.attempts),
-                                           **outcome.extra)
+                        self.refuse(name, outcome, verdict)
                     if step is Step.CONTINUE:
                         assert isinstance(outcome, Failed | Rejected)
                         # A rung that could not continue before sending any of its own
@@ -302,28 +239,7 @@ class Journey:
                     if step is Step.STOP:
                         return
                     # DONE
-                    counters.inc("answered_by", name)
-                    if segment not in self.segments:
-                        self.segments.append(segment)  # a sync answer, or one without text
-                    answer.seat = name
-                    answer.served = frame.served
-                    answer.speculation = frame.speculation
-                    answer.upstream_model = frame.model
-                    answer.fingerprint = frame.fingerprint or answer.fingerprint
-                    answer.attempts = attempts_header(self.attempts)
-                    answer.segments = [seg.body() for seg in self.segments]
-                    usage = frame.usage
-                    if answer.continued:  # every rung's own tokens; the last rung's prompt
-                        usage = msgspec.structs.replace(
-                            usage, completion_tokens=sum(seg.tokens for seg in self.segments))
-                    log.info("answered", request_id=rid, seat=name, attempts=answer.attempts,
-                             segments=len(self.segments),
-                             prompt_tokens=usage.prompt_tokens,
-                             completion_tokens=usage.completion_tokens,
-                             ttft_s=round(frame.ttft_s, 4),
-                             elapsed_s=round(time.monotonic() - self.started, 4))
-                    yield Done(answer, "".join(texts), frame.finish_reason, usage,
-                               tuple(calls), tuple(logprobs))
+                    yield self.done(answer, name, segment, frame, texts, calls, logprobs)
                     return
             if not self.committed:
                 self.segments.clear()  # nothing of a failed sync attempt is kept
@@ -331,19 +247,154 @@ class Journey:
             # The answer began and no rung could finish it: an honest end, naming the
             # rung that broke and listing every try.
             assert answer is not None and broke is not None
-            seat, outcome = broke
-            counters.inc("midstream_aborts")
-            answer.segments = [seg.body() for seg in self.segments]
-            bound = constraint(self.gen)
-            why = "no rung could finish it" if bound is None else \
-                f"no rung could finish it under its {bound} (only a local seat given " \
-                "the answer's exact tokens may)"
-            yield Abort(f"seat {seat} failed after the answer began "
-                        f"({outcome_label(outcome)}) and {why}; the answer is incomplete",
-                        "midstream_failure", seat, attempts_header(self.attempts),
-                        answer.segments, over_cap)
+            yield self.abort(answer, broke, over_cap)
             return
-        # Every allowed rung failed or was skipped; nothing was sent.
+        self.conclude()  # every allowed rung failed or was skipped; nothing was sent
+
+    async def take_rung(self, i: int, name: str, memo: dict[Any, int],
+                        over_cap: list[dict[str, str | int]]
+                        ) -> tuple[Generate, Verdict, Pong | None, bool] | Waited | None:
+        """Whether the ladder's i-th rung, `name`, is tried now: (the request it is
+        given, admission's verdict, its last pong, whether this try is its circuit's
+        half-open probe); None: it is skipped, and recorded so; Waited.GONE: the client
+        left while the request waited for a loading seat."""
+        proxy, rid = self.proxy, self.gen.request_id
+        seat_cfg = proxy.seats[name]
+        client = proxy.clients[name]
+        gen = self.request_for(name)
+        field = unsupported(gen, seat_cfg)
+        if field is not None:  # never answered without a field it was given
+            self.record(name, Skipped(UNSUPPORTED, field=field))
+            return None
+        if self.committed:
+            if not may_continue(gen, hosted=not isinstance(client, SeatClient)):
+                self.record(name, Skipped("constrained"))
+                return None
+            memo.clear()  # a longer prompt: counted again for every rung
+        pong = client.pong if isinstance(client, SeatClient) else None
+        try:
+            verdict = await proxy.admission.judge(seat_cfg, gen, memo,
+                                                  pong.max_prompt_tokens if pong else 0)
+        except BadRequest:
+            if not self.committed:
+                raise
+            # A continuing rung whose chat template refuses the chat (another model
+            # family than the rung that began the answer): it cannot continue it.
+            self.record(name, Skipped(TEMPLATE_REFUSED))
+            return None
+        if (verdict.admitted and not self.committed and isinstance(client, SeatClient)
+                and client.state is SeatState.LOADING):
+            waited = await self.wait_for_load(self.plan.rungs[i:])
+            if waited is Waited.GONE:
+                return waited
+            if waited is not None:  # a seat that loaded meanwhile tells its own cap
+                pong = client.pong
+                verdict = await proxy.admission.judge(
+                    seat_cfg, gen, memo, pong.max_prompt_tokens if pong else 0)
+        if not verdict.admitted:
+            self.record(name, Skipped("over_cap", verdict))
+            if self.committed:
+                log.info("continuation_over_cap", request_id=rid, seat=name,
+                         prompt_tokens=verdict.tokens, cap=verdict.cap)
+                over_cap.append({"seat": name, "prompt_tokens": verdict.tokens or 0,
+                                 "cap": verdict.cap or 0})
+            return None
+        admitted, probe = proxy.admit(name)
+        if not admitted:
+            self.record(name, Skipped("circuit_open"))
+            return None
+        if probe:
+            self.probes.add(name)
+        return gen, verdict, pong, probe
+
+    def text(self, segment: Segment, frame: Chunk) -> Text:
+        """A streamed chunk sent on: its rung's segment of the answer grows by it."""
+        if segment not in self.segments:
+            self.segments.append(segment)
+        segment.tokens = max(segment.tokens, frame.completion_tokens)
+        if segment.ids is not None:
+            segment.ids.extend(frame.ids)
+        self.sent.append(frame.text)
+        return Text(frame.text, frame.tool_calls, frame.logprobs)
+
+    def end_attempt(self, name: str, frame: Final, segment: Segment) -> tuple[Step, Outcome]:
+        """What the end of rung `name`'s attempt means now (`ladder.decide`), recorded,
+        counted and logged; a client that left ends the journey (Step.STOP)."""
+        outcome = frame.outcome
+        if isinstance(outcome, Failed) and outcome.reason == "client_disconnected":
+            self.left()
+            return Step.STOP, outcome
+        self.record(name, outcome)
+        segment.served, segment.outcome = frame.served, outcome_label(outcome)
+        phase = Phase.AFTER_COMMIT if self.committed else Phase.BEFORE_COMMIT
+        step = decide(outcome, phase)
+        if step is not Step.DONE:  # an answer is logged once, as `answered`
+            log.info("attempt", request_id=self.gen.request_id, seat=name,
+                     outcome=outcome_label(outcome), phase=phase.value,
+                     step=step.value, sent_tokens=segment.tokens)
+        if step is Step.NEXT_RUNG:
+            self.proxy.counters.inc("fallbacks", fallback_reason(outcome))
+        return step, outcome
+
+    def refuse(self, name: str, outcome: Rejected, verdict: Verdict) -> NoReturn:
+        """The rung's refusal goes back to the client as it is (trying another rung
+        cannot fix it); a 413 for a prompt the proxy admitted is a cap disagreement."""
+        if outcome.status == 413 and verdict.tokens is not None:
+            # We admitted what the seat refused: the layers disagree.
+            self.proxy.counters.inc("cap_disagreements")
+            log.error("cap_disagreement", seat=name, proxy_tokens=verdict.tokens,
+                      proxy_count_exact=verdict.exact,
+                      proxy_cap=verdict.cap,
+                      seat_tokens=outcome.extra.get("prompt_tokens"),
+                      seat_cap=outcome.extra.get("cap"))
+        raise client_error(outcome.status, outcome.code, outcome.message,
+                           attempts=attempts_header(self.attempts),
+                           **outcome.extra)
+
+    def done(self, answer: Answer, name: str, segment: Segment, frame: Final,
+             texts: list[str], calls: list[ToolCall], logprobs: list[TokenLogprob]) -> Done:
+        """Rung `name` answered: the answer as its own final frame tells it."""
+        self.proxy.counters.inc("answered_by", name)
+        if segment not in self.segments:
+            self.segments.append(segment)  # a sync answer, or one without text
+        answer.seat = name
+        answer.served = frame.served
+        answer.speculation = frame.speculation
+        answer.upstream_model = frame.model
+        answer.fingerprint = frame.fingerprint or answer.fingerprint
+        answer.attempts = attempts_header(self.attempts)
+        answer.segments = [seg.body() for seg in self.segments]
+        usage = frame.usage
+        if answer.continued:  # every rung's own tokens; the last rung's prompt
+            usage = msgspec.structs.replace(
+                usage, completion_tokens=sum(seg.tokens for seg in self.segments))
+        log.info("answered", request_id=self.gen.request_id, seat=name,
+                 attempts=answer.attempts, segments=len(self.segments),
+                 prompt_tokens=usage.prompt_tokens,
+                 completion_tokens=usage.completion_tokens,
+                 ttft_s=round(frame.ttft_s, 4),
+                 elapsed_s=round(time.monotonic() - self.started, 4))
+        return Done(answer, "".join(texts), frame.finish_reason, usage,
+                    tuple(calls), tuple(logprobs))
+
+    def abort(self, answer: Answer, broke: tuple[str, Failed | Rejected],
+              over_cap: list[dict[str, str | int]]) -> Abort:
+        """The end of an answer that began and that no rung could finish."""
+        seat, outcome = broke
+        self.proxy.counters.inc("midstream_aborts")
+        answer.segments = [seg.body() for seg in self.segments]
+        bound = constraint(self.gen)
+        why = "no rung could finish it" if bound is None else \
+            f"no rung could finish it under its {bound} (only a local seat given " \
+            "the answer's exact tokens may)"
+        return Abort(f"seat {seat} failed after the answer began "
+                     f"({outcome_label(outcome)}) and {why}; the answer is incomplete",
+                     "midstream_failure", seat, attempts_header(self.attempts),
+                     answer.segments, over_cap)
+
+    def conclude(self) -> NoReturn:
+        """Every allowed rung failed or was skipped, and nothing was sent: the error."""
+        proxy, counters = self.proxy, self.proxy.counters
         states = rung_states(proxy, self.plan.rungs)
         end = conclude(self.attempts, self.plan, self.route.model,
                        frozenset(n for n, s in states.items() if s is SeatState.LOADING))
