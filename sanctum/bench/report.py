@@ -73,6 +73,41 @@ def _other(run: Run) -> str:
     return next(a.name for a in run.arms if a.name != run.baseline)
 
 
+def _spec_headline(run: Run, arm: str, base: str) -> list[tuple[str, Summary, float | None]]:
+    """A speculation run's rows beyond the two overall ones: by temperature, the pinned
+    depths (one: the adaptive seat over it; a sweep: each over plain and against its
+    prediction), mlx-lm's loop, and the workload groups with their goals."""
+    out: list[tuple[str, Summary, float | None]] = []
+    names = {a.name for a in run.arms}
+    out += _per_temperature(run, "decode_tps", arm, base,
+                            "decode tokens/s over plain, t={t}", "spec")
+    pinned = pinned_arms(run)
+    if pinned == [PINNED_ARM]:
+        out += _per_temperature(run, "decode_tps", arm, PINNED_ARM,
+                                f"decode tokens/s, adaptive over {PINNED_ARM}, t={{t}}")
+    elif pinned:  # a sweep: each depth over plain, and against its prediction
+        for d in pinned:
+            out += _per_temperature(run, "decode_tps", d, base,
+                                    f"decode tokens/s, {d} over plain, t={{t}}")
+        for d in pinned:
+            r = measured_over_predicted(run, d)
+            if r:
+                out.append((f"decode tokens/s of {d}, measured over the cost model's "
+                            "prediction, every workload", summarize(r), SPEC_PREDICTION))
+    if MLX_SPEC in names:
+        out += _per_temperature(run, "decode_tps", arm, MLX_SPEC,
+                                "decode tokens/s, ours over mlx-lm speculative, t={t}")
+    for group, members, goal in SPEC_GROUPS:
+        for t in ("0", "0.7"):
+            r = [x for w in run.workloads if w.split(" t=")[0] in members
+                 and w.endswith(f" t={t}")
+                 for x in pair_ratios(run.samples, "decode_tps", arm, base, w)]
+            if r:
+                out.append((f"decode tokens/s over plain, {group}, t={t}", summarize(r),
+                            goal.get(t)))
+    return out
+
+
 def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
     """(what, ratio summary, goal) for the summary table."""
     arm, base = _other(run), run.baseline
@@ -110,33 +145,7 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
             out.append((f"{what}, all workloads", summarize(r),
                         GOALS.get(run.comparison) if fig == "e2e_s" else None))
     if run.comparison == "spec":
-        names = {a.name for a in run.arms}
-        out += _per_temperature(run, "decode_tps", arm, base,
-                                "decode tokens/s over plain, t={t}", "spec")
-        pinned = pinned_arms(run)
-        if pinned == [PINNED_ARM]:
-            out += _per_temperature(run, "decode_tps", arm, PINNED_ARM,
-                                    f"decode tokens/s, adaptive over {PINNED_ARM}, t={{t}}")
-        elif pinned:  # a sweep: each depth over plain, and against its prediction
-            for d in pinned:
-                out += _per_temperature(run, "decode_tps", d, base,
-                                        f"decode tokens/s, {d} over plain, t={{t}}")
-            for d in pinned:
-                r = measured_over_predicted(run, d)
-                if r:
-                    out.append((f"decode tokens/s of {d}, measured over the cost model's "
-                                "prediction, every workload", summarize(r), SPEC_PREDICTION))
-        if MLX_SPEC in names:
-            out += _per_temperature(run, "decode_tps", arm, MLX_SPEC,
-                                    "decode tokens/s, ours over mlx-lm speculative, t={t}")
-        for group, members, goal in SPEC_GROUPS:
-            for t in ("0", "0.7"):
-                r = [x for w in run.workloads if w.split(" t=")[0] in members
-                     and w.endswith(f" t={t}")
-                     for x in pair_ratios(run.samples, "decode_tps", arm, base, w)]
-                if r:
-                    out.append((f"decode tokens/s over plain, {group}, t={t}", summarize(r),
-                                goal.get(t)))
+        out += _spec_headline(run, arm, base)
     return out
 
 
