@@ -23,9 +23,10 @@ import mlx.core as mx
 # MLX's CUDA backend records a step's kernels as CUDA graphs and keeps this many of them
 # instantiated (its own default: 100).  A speculating seat runs many more shapes than a
 # plain one (drafter steps, verify blocks of each width, a one-query attention over each
-# prefix of a block); on an H200 its own plain steps measured 2.2-2.9 ms with 100 against
-# 1.6-1.7 ms with this (the demo pair, medians of two benchmark runs each, not
-# interleaved), about the plain seat's 1.6 ms.  Only the CUDA backend reads it.
+# prefix of a block); on an H200 its own plain steps measured 2.2-2.9 ms with 100
+# against 1.5-2.2 ms with this (medians per run and temperature: two runs before, four
+# after, not interleaved, with other changes between), the plain seat's being about
+# 1.6 ms.  Only the CUDA backend reads it.
 CUDA_GRAPH_CACHE = 2048
 
 
