@@ -30,10 +30,10 @@ from proxyd.front import serve
 from proxyd.hosted import HostedClient
 from proxyd.limits import OverSize, body_too_large, check_body, refused_field
 from proxyd.openai_api import ChatRequest, CompletionRequest, read_chat, read_completion
+from proxyd.openai_door import Door
 from proxyd.openai_fields import ignored_fields, ignored_header
 from proxyd.proxy import PROXY, Proxy
 from proxyd.readiness import health, live
-from proxyd.responses import Door
 from proxyd.seat_client import SeatClient
 from shared.clock import Clock
 from shared.clock import monotonic as real_clock

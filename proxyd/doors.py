@@ -5,7 +5,7 @@
 
 Every door is an adapter over the same ladder (proxyd/front.py); what differs is how
 a body is read (proxyd/openai_api.py, anthropic_api.py, openai_responses_api.py) and
-how events and errors are written (proxyd/responses.py, anthropic_door.py,
+how events and errors are written (proxyd/openai_door.py, anthropic_door.py,
 openai_responses_door.py).  A refusal is rendered in the shape of the door it came
 to, whether the handler raised it or the middleware did (a key refused, a body too
 large, a method not allowed): the Anthropic door's clients parse

@@ -26,9 +26,9 @@ import msgspec
 
 from proxyd import limits as lim
 from proxyd import openai_tools as tools
+from proxyd.openai_door import ChatDoor, CompletionDoor
 from proxyd.openai_fields import ABSENT, ignored_fields, refuse_unsupported, sanitise
 from proxyd.openai_tools import CallId, MessageToolCall, ResponseFormat, Tool, ToolChoice
-from proxyd.responses import ChatDoor, CompletionDoor
 from shared.config import ProxyConfig
 from shared.errors import BadRequest
 from shared.protocol import (

@@ -19,7 +19,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from proxyd.events import Answer, Done, Text
-from proxyd.responses import ChatDoor, CompletionDoor
+from proxyd.openai_door import ChatDoor, CompletionDoor
 from shared.protocol import TokenLogprob, ToolCall, Usage
 from tests.procs import http
 from tests.rig import Rig
