@@ -22,7 +22,7 @@ Two levels:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from seatd.moving_average import moving
@@ -37,6 +37,7 @@ PARK_CAP = 1024  # ... in bursts of at most this many plain tokens
 ALPHA = 0.1  # weight of a new observation
 PROBE_EVERY = 8  # requests between probes of a neighbouring depth
 WARM_ORDER = (3, 5, 1, 0, 2, 4, 6)  # each depth serves one request before rates decide
+SPIKE = 2.0  # a depth's figure this far above its neighbours' line is not believed
 
 
 def expected_tokens(accept: Sequence[float], k: int) -> float:
@@ -127,18 +128,46 @@ def observe(s: DepthStats, depth: int, kept: int, seconds: float | None) -> None
 
 def round_times(s: DepthStats) -> tuple[float, ...] | None:
     """Seconds of a round at each depth 0..max (0: one plain token), or None while the seat
-    lacks plain time or two positive depths.  Unmeasured depths are filled by a line
-    through the measured ones (a round costs about a + b*k)."""
+    lacks plain time or two positive depths.  A round costs about a + b*k: unmeasured
+    depths are filled by a line through the measured ones, and a measured depth whose
+    figure lies more than SPIKE times above that line takes the line's figure instead.
+
+    The lines are Theil-Sen's (the median of the slopes between measured depths, through
+    the median intercept), so that one or two depths whose rounds met something else
+    cannot tilt them.  On a GPU a round now and then takes ten times its width's time (a
+    kernel or a CUDA graph built for a shape met for the first time; measured on an
+    H200: 42-86 ms rounds among 3-10 ms ones of the same depths), and an average keeps
+    such a figure for many rounds; a depth that looks that dear is then never chosen
+    again, so its figure never mends.  Taking the line there lets the depth be chosen
+    on the merits of its neighbours, and its next rounds measure it again."""
     measured = {k: t for k, t in s.seconds.items() if t > 0 and k <= s.max_depth}
     pos = sorted(k for k in measured if k > 0)
     if 0 not in measured or len(pos) < 2:
         return None
-    mean_k = sum(pos) / len(pos)
-    mean_t = sum(measured[k] for k in pos) / len(pos)
-    var = sum((k - mean_k) ** 2 for k in pos)
-    slope = max(0.0, sum((k - mean_k) * (measured[k] - mean_t) for k in pos) / var)
-    base = mean_t - slope * mean_k
-    return tuple(measured.get(k, max(1e-9, base + slope * k)) for k in range(s.max_depth + 1))
+    # Spikes are found against a line through the plain token's figure too (many
+    # observations; with two depths measured, one of them a spike, it says which); the
+    # depths left then draw the line, where two or more are.
+    robust = _line(measured, [0, *pos])
+    kept = [k for k in pos if measured[k] <= SPIKE * robust(k)]
+    line = _line(measured, kept) if len(kept) >= 2 else robust
+    return (measured[0], *(measured[k] if k in kept else line(k)
+                           for k in range(1, s.max_depth + 1)))
+
+
+def _line(measured: dict[int, float], points: Sequence[int]) -> Callable[[int], float]:
+    """Theil-Sen's line through these depths' figures: the median of the slopes between
+    them (at least 0), through the median intercept."""
+    slope = max(0.0, _median([(measured[j] - measured[i]) / (j - i)
+                              for n, i in enumerate(points) for j in points[n + 1:]]))
+    base = _median([measured[k] - slope * k for k in points])
+    return lambda k: max(1e-9, base + slope * k)
+
+
+def _median(values: Sequence[float]) -> float:
+    n = len(values)
+    mid = n // 2
+    ordered = sorted(values)
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 @dataclass

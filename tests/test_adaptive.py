@@ -84,6 +84,26 @@ def test_observe_updates_acceptance_per_position() -> None:
     assert s.accept[3] == 0.5
 
 
+def test_a_depth_far_above_its_neighbours_line_takes_the_line() -> None:
+    """Figures of a lookup's rounds on an H200, one depth of them carrying a round that
+    built a shape (45 ms among 4-10 ms): the line through the others, not the spike and
+    not a line it tilted, prices that depth; the depths on the line keep their own."""
+    s = DepthStats(max_depth=15, seconds={0: 0.0027, 3: 0.0040, 4: 0.0454, 5: 0.0049,
+                                          14: 0.0097})
+    times = round_times(s)
+    assert times is not None
+    assert times[3] == 0.0040 and times[5] == 0.0049 and times[14] == 0.0097
+    assert 0.0040 < times[4] < 0.0049  # between its neighbours, not 45 ms
+    assert times[1] < times[3] and times[15] > times[14]  # the line, rising
+    # two depths measured, one of them a spike: the plain token's figure says which
+    two = round_times(DepthStats(max_depth=15, seconds={0: 0.0039, 1: 0.0676, 3: 0.0044}))
+    assert two is not None and two[3] == 0.0044 and two[1] < 0.0044 and two[15] < 0.0100
+    # a dearer depth within SPIKE of the line is believed: rounds may cost more than linear
+    s.seconds[4] = 0.0080
+    times = round_times(s)
+    assert times is not None and times[4] == 0.0080
+
+
 def test_round_times_fill_unmeasured_depths_on_a_line() -> None:
     s = DepthStats(seconds={0: 0.02, 1: 0.03, 3: 0.05})
     times = round_times(s)
