@@ -79,7 +79,7 @@ from seatd.decode import (
     Speculation,
     make_cache,
 )
-from seatd.drafter_choice import Choice, choose
+from seatd.drafter_choice import JUDGE_TOKENS, Choice, choose, trusts
 from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.kv_budget import KVBudget
 from seatd.prefill_rows import KV_LAYERS, PrefillCost, RideCost, stack, stackable, take
@@ -896,13 +896,13 @@ class Engine:
         lookup, policies = spec.drafter, spec.lookup_policies or {}
         if room < 1 or not policies:
             return 0, 1.0
-        self._judge_shadow(row, lookup, policies, spec.lookup_stats or {})
+        self._judge_shadow(row, lookup, policies, spec.lookup_stats or {}, spec.lookup_trusted)
         follow = lookup.find(min(room, max(p.max_depth for p in policies.values())))
         policy = policies.get(lookup.key)
         if not follow or policy is None:
             return 0, 1.0
-        trusted = policy.tries[0] or lookup.key in spec.lookup_trusted
-        k = policy.best(0, len(follow)) if trusted else 0
+        k = policy.best(0, len(follow)) \
+            if trusts(lookup.key, policies, spec.lookup_trusted) else 0
         if k == 0:
             if row.shadow is None:
                 row.shadow = (lookup.key, len(lookup.context), follow)
@@ -927,18 +927,20 @@ class Engine:
             return None
         lookup = spec.lookup
         try:
-            self._judge_shadow(row, lookup, spec.lookup_policies, spec.lookup_stats or {})
+            self._judge_shadow(row, lookup, spec.lookup_policies, spec.lookup_stats or {},
+                               spec.lookup_trusted)
             deepest = max(p.max_depth for p in spec.lookup_policies.values())
             follow = lookup.find(min(room, deepest))
             policy = spec.lookup_policies.get(lookup.key)
             if not follow or policy is None:
                 return None
-            # Unless the seat had figures of this match class when the request began, the
-            # request's own text judges its lookup first: its first match is only judged
-            # (see above), and the lookup drafts after that, by what it showed.
-            trusted = policy.tries[0] or lookup.key in spec.lookup_trusted
+            # Unless the seat had figures of this match class (or a shorter one) when the
+            # request began, the request's own text judges its lookup first: its first
+            # match is only judged (see above), and the lookup drafts after that, by what
+            # it showed (`seatd.drafter_choice.trusts`).
             choice = (choose(model, spec.depth, policy, len(follow), model_lowest=lowest)
-                      if trusted else None)
+                      if trusts(lookup.key, spec.lookup_policies, spec.lookup_trusted)
+                      else None)
         except Exception as exc:  # the lookup's fault: this row drafts by its model alone
             log.warning("drafter_failed", error=repr(exc), request_id=row.rid, drafter="lookup")
             spec.lookup = None
@@ -956,8 +958,11 @@ class Engine:
 
     @staticmethod
     def _judge_shadow(row: Row, lookup: LookupDrafter, policies: dict[int, RoundPolicy],
-                      stats: dict[int, DepthStats]) -> None:
-        """Count a passed-over lookup match once the answer shows how much of it held."""
+                      stats: dict[int, DepthStats], trusted: frozenset[int]) -> None:
+        """Count a passed-over lookup match once the answer shows how much of it held:
+        all of it, or, where the request does not trust its class yet, its first
+        JUDGE_TOKENS tokens (a copy then drafts from the next step on, not only after
+        the answer went past the whole match; `seatd.drafter_choice.trusts`)."""
         if row.shadow is None:
             return
         key, at, follow = row.shadow
@@ -965,13 +970,17 @@ class Engine:
         kept = 0
         while kept < len(actual) and actual[kept] == follow[kept]:
             kept += 1
-        if kept == len(actual) and len(actual) < len(follow):
+        enough = len(follow) if trusts(key, policies, trusted) \
+            else min(len(follow), JUDGE_TOKENS)
+        if kept == len(actual) and len(actual) < enough:
             return  # all it has seen held: wait for the rest
         row.shadow = None
+        # All it saw held: a round of that depth that kept everything, nothing missed.
+        depth = len(follow) if kept < len(actual) else len(actual)
         if key in policies:
-            policies[key].observe(len(follow), kept)
+            policies[key].observe(depth, kept)
         if key in stats:
-            observe(stats[key], len(follow), kept, None)
+            observe(stats[key], depth, kept, None)
 
     def _sample(self, logits: mx.array, rows: list[Row],
                 masks: dict[int, mx.array] | None = None) -> mx.array:

@@ -32,12 +32,16 @@ round times, so a lookup that misses stays shallow.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from seatd.adaptive import DepthStats, RoundPolicy, round_times
 
 LOOKUP_MAX_DEPTH = 15  # a lookup round verifies at most 16 tokens
+# Tokens of a passed-over match of a class the request does not trust yet that, held,
+# judge it (`trusts`): a copy drafts from the next step, not after the whole match.
+JUDGE_TOKENS = 2
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,19 @@ def choose(model: RoundPolicy | None, model_cap: int, lookup: RoundPolicy | None
         if k > 0 and lookup_rate > rate:
             return Choice("lookup", k, lookup.expected(k))
     return choice
+
+
+def trusts(key: int, policies: Mapping[int, RoundPolicy], seat_trusted: AbstractSet[int]) -> bool:
+    """Whether a request drafts from its first match of class `key` (`match_key`: how
+    far back the match goes) at its policy's prior, or judges one match of it first (as
+    the answer goes past it): the former where the seat had settled figures of this
+    class or of a shorter one when the request began (`seat_trusted`), or where the
+    request itself has judged or drafted a match of such a class.  A longer match is
+    trusted wherever a shorter one is: a copy in progress goes through the classes as it
+    grows (3, 4, 8, 16), and is not judged again at each.  Trust only opens the choice;
+    the class's own figures still decide whether and how deep a round drafts.  Pure."""
+    return any(k <= key for k in seat_trusted) or any(
+        k <= key and p.tries and p.tries[0] > 0 for k, p in policies.items())
 
 
 def extend_times(times: tuple[float, ...], top: int) -> tuple[float, ...]:

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from seatd.adaptive import DepthStats, RoundPolicy
-from seatd.drafter_choice import LOOKUP_MAX_DEPTH, Choice, choose, extend_times, lookup_times
+from seatd.drafter_choice import (
+    LOOKUP_MAX_DEPTH,
+    Choice,
+    choose,
+    extend_times,
+    lookup_times,
+    trusts,
+)
 from seatd.spec_costs import SPLIT_EVERY, SpecCosts
 
 PLAIN = 0.040
@@ -48,6 +55,23 @@ def test_the_higher_expected_rate_drafts(model_accept: float, lookup_accept: flo
         assert 1 <= got.depth <= match
     if model_accept == lookup_accept == 0.05:
         assert got == Choice("model", 0, 1.0)
+
+
+@pytest.mark.parametrize(("key", "tried", "seat_trusted", "expected"), [
+    (8, (), (), False),  # nothing judged anywhere: judge first
+    (8, (8,), (), True),  # the request judged this class
+    (8, (4,), (), True),  # ... or a shorter one: a copy growing past 4 tokens
+    (8, (16,), (), False),  # a longer class says nothing of a shorter match
+    (3, (), (16,), False),  # the seat trusts only long matches
+    (16, (), (3,), True),  # the seat trusts trigrams: longer matches too
+    (2, (2,), (), True),
+])
+def test_a_longer_match_is_trusted_wherever_a_shorter_one_is(
+        key: int, tried: tuple[int, ...], seat_trusted: tuple[int, ...], expected: bool) -> None:
+    policies = {k: policy(lookup_only(), 0.6) for k in (2, 3, 4, 8, 16)}
+    for k in tried:
+        policies[k].observe(3, 1)
+    assert trusts(key, policies, frozenset(seat_trusted)) is expected
 
 
 def test_a_lookup_round_never_drafts_past_its_match() -> None:

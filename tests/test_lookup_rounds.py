@@ -214,9 +214,9 @@ def _lookup_alone_events(target: Any, spec: SeatSpeculation,
     events: list[tuple[str, int]] = []
     judge, alone, figures = Engine._judge_shadow, Engine._lookup_alone, Engine._figures
 
-    def judging(row: Any, lookup: Any, policies: Any, stats: Any) -> None:
+    def judging(row: Any, lookup: Any, policies: Any, stats: Any, trusted: Any) -> None:
         before = row.shadow
-        judge(row, lookup, policies, stats)
+        judge(row, lookup, policies, stats, trusted)
         if before is not None and row.shadow is None:
             events.append(("judged", before[0]))
 
@@ -239,8 +239,8 @@ def _lookup_alone_events(target: Any, spec: SeatSpeculation,
 def test_a_lookup_drafting_alone_judges_a_class_before_it_drafts_by_it(
         target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A seat with no figures of any match class: the request drafts by a class only
-    once its own text has judged a match of it (passed over, or drafted by a round
-    decided at another class); the answer keeps its bytes."""
+    once its own text has judged a match of it or of a shorter class (passed over, or
+    drafted by a round decided at another class); the answer keeps its bytes."""
     spec = seat(target, 0.02)
     plan = spec.plan(Generate("p", False, SamplingParams(max_tokens=48)), "fp16")
     assert plan is not None and isinstance(plan.drafter, LookupDrafter)
@@ -250,7 +250,8 @@ def test_a_lookup_drafting_alone_judges_a_class_before_it_drafts_by_it(
     assert drafted, events  # the copy is long enough to draft by lookup
     for c in set(drafted):
         first = events.index(("drafted", c))
-        assert {("judged", c), ("counted", c)} & set(events[:first]), events
+        assert any(what in ("judged", "counted") and k <= c for what, k in events[:first]), \
+            events
     plain = answer(target, None, SamplingParams(max_tokens=48, temperature=0))
     assert fast.token_ids == plain.token_ids
 
@@ -307,3 +308,41 @@ def test_a_drafter_that_pays_greedily_is_judged_apart_when_sampling(target: Any)
     assert greedy.stats is spec.bands[False]
     assert sampled is not None and sampled.decline is None
     assert isinstance(sampled.drafter, LookupDrafter) and sampled.lookup_policies
+
+
+@pytest.mark.parametrize(("trusted", "answer", "judged"), [
+    # an untrusted class: judged once its first JUDGE_TOKENS tokens held
+    (frozenset(), [7], None),
+    (frozenset(), [7, 8], (2, 2)),
+    (frozenset(), [9], (6, 0)),  # a miss at once: judged whole
+    # a trusted class: judged when the whole match held, or where it missed
+    (frozenset({8}), [7, 8], None),
+    (frozenset({8}), [7, 8, 9, 1], (6, 3)),
+    (frozenset({8}), [7, 8, 9, 10, 11, 12], (6, 6)),
+])
+def test_a_passed_over_match_is_judged_early_where_its_class_is_not_trusted(
+        trusted: frozenset[int], answer: list[int], judged: tuple[int, int] | None) -> None:
+    """A passed-over match of a class the request does not trust is counted as soon as
+    its first JUDGE_TOKENS tokens held, as a round of that depth that kept them all: the
+    copy drafts from the next step instead of after the whole match went by."""
+    from types import SimpleNamespace
+
+    from seatd.adaptive import DepthStats, RoundPolicy
+    from seatd.drafter_choice import JUDGE_TOKENS
+
+    assert JUDGE_TOKENS == 2
+    follow = [7, 8, 9, 10, 11, 12]
+    row = SimpleNamespace(shadow=(8, 3, follow))
+    lookup = SimpleNamespace(context=[1, 2, 3, *answer])
+    policy = RoundPolicy((0.01,) * 16, (0.6,) * 15)
+    stats = DepthStats(max_depth=15)
+    Engine._judge_shadow(row, lookup, {8: policy}, {8: stats}, trusted)  # type: ignore[arg-type]
+    if judged is None:
+        assert row.shadow is not None and policy.tries[0] == 0 and not stats.seen
+        return
+    depth, kept = judged
+    assert row.shadow is None
+    assert stats.seen == {depth: 1}
+    tried = min(kept + 1, depth)
+    assert policy.tries == [1] * tried + [0] * (15 - tried)
+    assert policy.hits == [1] * kept + [0] * (15 - kept)
