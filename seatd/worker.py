@@ -30,7 +30,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from seatd import blas
+from seatd import blas, warm_shapes
 from seatd.answer import seam
 from seatd.backend import backend, device_name, seat_environment
 from seatd.batch import Engine, RowCancelled, Work
@@ -47,7 +47,7 @@ from seatd.grammar import GrammarError, GrammarRefusal, SeatGrammar
 from seatd.kv_budget import KVBudget, row_bytes
 from seatd.prompt_cache import SeatPromptCache
 from seatd.sampling import KEYED_RULE
-from seatd.speculation import SeatSpeculation
+from seatd.speculation import SeatSpeculation, kill_switch
 from seatd.tool_calls import Family, ToolSplitter, seat_family, splitter_for, tool_finish
 from seatd.turns import turn_cuts, turn_marks
 from shared import curve, exitcodes, lifecycle, protocol, seat_side
@@ -282,6 +282,11 @@ class SeatWorker:
                           min(self.seat.prompt_cache_mb, self.seat.kv_budget_mb) * mb,
                           cache.hold)
         width = output_width(got.model)
+        if spec.kind is not None and spec.unusable is None and spec.rollback.get("fp16") \
+                and not kill_switch(self.seat) and warm_shapes.wanted(backend()):
+            # before the seat's engine: its figures start from compiled shapes
+            warm_shapes.warm_up(got.model, got.tokenizer, got.context_length, width,
+                                spec.drafter_model)
         engine = Engine(got.model, got.tokenizer, got.context_length, width,
                         self.seat.max_batch, budget, self.progress)
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,
