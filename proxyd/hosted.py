@@ -87,6 +87,7 @@ from proxyd import hosted_wire as wire
 from proxyd import sse
 from proxyd.ladder import UNSUPPORTED, unsupported
 from proxyd.retry import GiveUp, RetryIn, RetryPolicy, next_try, parse_retry_after
+from proxyd.seat_state import SeatState
 from proxyd.upstream_http import (
     ConnectFailed,
     ConnectTimeout,
@@ -105,6 +106,7 @@ from shared.protocol import (
     Generate,
     Ok,
     Outcome,
+    Pong,
     Rejected,
     Retry,
     RungFrame,
@@ -164,9 +166,17 @@ class HostedClient:
         self._rand = rand
         self._upstream = Upstream(self.base_url, self._headers(), seat.connect_timeout_s)
 
+    # As a rung (`proxyd.rung.Rung`): off the box, no seat of ours behind it.
+    local = False
+    pong: Pong | None = None
+
     @property
     def ready(self) -> bool:
         return True
+
+    @property
+    def state(self) -> SeatState | None:
+        return None  # its circuit breaker says whether it takes requests
 
     def _headers(self) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}

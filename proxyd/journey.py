@@ -65,7 +65,6 @@ from proxyd.ladder import (
 from proxyd.load_wait import Waited, must_wait, wait_for_rung
 from proxyd.proxy import Proxy
 from proxyd.readiness import rung_states
-from proxyd.seat_client import SeatClient
 from proxyd.seat_state import SeatState
 from shared.caps import Verdict
 from shared.config import RouteConfig
@@ -147,8 +146,8 @@ class Journey:
         if not self.committed:
             return self.gen
         client = self.proxy.clients[name]
-        hosted = not isinstance(client, SeatClient)
-        pong = client.pong if isinstance(client, SeatClient) else None
+        hosted = not client.local
+        pong = client.pong
         ids = prefix_ids(self.segments, pong.tokenizer_hash) if pong is not None else None
         return continued(self.gen, "".join(self.sent), ids,
                          sum(seg.tokens for seg in self.segments), hosted)
@@ -267,11 +266,11 @@ class Journey:
             self.record(name, Skipped(UNSUPPORTED, field=field))
             return None
         if self.committed:
-            if not may_continue(gen, hosted=not isinstance(client, SeatClient)):
+            if not may_continue(gen, hosted=not client.local):
                 self.record(name, Skipped("constrained"))
                 return None
             memo.clear()  # a longer prompt: counted again for every rung
-        pong = client.pong if isinstance(client, SeatClient) else None
+        pong = client.pong
         try:
             verdict = await proxy.admission.judge(seat_cfg, gen, memo,
                                                   pong.max_prompt_tokens if pong else 0)
@@ -282,8 +281,7 @@ class Journey:
             # family than the rung that began the answer): it cannot continue it.
             self.record(name, Skipped(TEMPLATE_REFUSED))
             return None
-        if (verdict.admitted and not self.committed and isinstance(client, SeatClient)
-                and client.state is SeatState.LOADING):
+        if verdict.admitted and not self.committed and client.state is SeatState.LOADING:
             waited = await self.wait_for_load(self.plan.rungs[i:])
             if waited is Waited.GONE:
                 return waited

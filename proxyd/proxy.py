@@ -23,6 +23,7 @@ from proxyd.counters import ProxyCounters
 from proxyd.hosted import HostedClient
 from proxyd.keys import KeyRing, load_keys
 from proxyd.ladder import Health, breaker_verdict
+from proxyd.rung import Rung
 from proxyd.seat_client import SeatClient
 from shared import clock as clocks
 from shared import curve
@@ -30,8 +31,6 @@ from shared.clock import Clock
 from shared.config import Config, SeatConfig, control_endpoint, worker_endpoint
 from shared.protocol import GetCounters, Outcome, control_reply_decoder, encode
 from shared.protocol import SeatCounters as SeatCountersReply
-
-Client = SeatClient | HostedClient
 
 
 class Proxy:
@@ -44,7 +43,7 @@ class Proxy:
         self.routes = {r.model: r for r in config.route}
         self.counters = ProxyCounters()
         self.admission = Admission(config)
-        self.clients: dict[str, Client] = {}
+        self.clients: dict[str, Rung] = {}  # by seat name: local and hosted rungs
         self.breakers: dict[str, Breaker] = {s.name: Breaker() for s in config.seat}
         self.breaker_policy = BreakerPolicy(config.proxy.breaker_threshold,
                                             config.proxy.breaker_cooldown_s,

@@ -42,8 +42,7 @@ def rung_states(proxy: Proxy, names: Iterable[str]) -> dict[str, SeatState]:
     for name in names:
         client = proxy.clients[name]
         admits = breaker.admit(proxy.breakers[name], now, proxy.breaker_policy)[1]
-        out[name] = rung_state(client.state if isinstance(client, SeatClient) else None,
-                               admits)
+        out[name] = rung_state(client.state, admits)
     return out
 
 
@@ -62,7 +61,7 @@ async def health(request: web.Request) -> web.Response:
     seats: dict[str, dict[str, Any]] = {}
     hosted: dict[str, dict[str, Any]] = {}
     for name, c in proxy.clients.items():
-        if not isinstance(c, SeatClient):
+        if not isinstance(c, SeatClient):  # the seat's own fields below
             hosted[name] = {"state": rung_states(proxy, [name])[name].value,
                             "circuit": proxy.breakers[name].circuit.value}
             continue

@@ -112,6 +112,8 @@ class Inbox:
 
 
 class SeatClient:
+    local = True  # as a rung (`proxyd.rung.Rung`): a seat on this box
+
     def __init__(self, name: str, endpoint: str, ctx: zmq.asyncio.Context,
                  heartbeat_s: float = 1.0, liveness: int = 3, queue_s: float = 120.0,
                  clock: Clock = clocks.monotonic, keys: ClientKeys | None = None) -> None:
