@@ -9,8 +9,8 @@ import mlx.core as mx
 import pytest
 
 from sanctum.bench.cli import spec_stem
-from sanctum.bench.comparisons import Options
 from sanctum.bench.drafter_kinds import resolve_drafter, stem_part
+from sanctum.bench.options import Options
 
 
 @pytest.mark.parametrize(("spec", "part"), [

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from sanctum.bench.arms import decode_figures
+from sanctum.bench.options import Options
 from sanctum.bench.report import render, write_report
 from sanctum.bench.results import ArmInfo, Run, load_run, save_run
 from sanctum.bench.runner import run_schedule
@@ -140,14 +141,12 @@ def test_spec_run_shows_ours_against_mlx_lm_with_acceptance() -> None:
 def test_spec_results_are_named_by_model_and_depth(model: str, depth: int | None,
                                                    stem: str) -> None:
     from sanctum.bench.cli import spec_stem
-    from sanctum.bench.comparisons import Options
 
     assert spec_stem(Options(model=model, draft_depth=depth)) == stem
 
 
 def test_a_spec_run_with_another_drafter_is_named_by_it() -> None:
     from sanctum.bench.cli import spec_stem
-    from sanctum.bench.comparisons import Options
 
     opts = Options(drafter="builtin:demo-drafter-weak", draft_depth=None)
     assert spec_stem(opts) == "spec-demo-drafter-weak-adaptive"
@@ -183,7 +182,6 @@ def test_spec_run_shows_workload_groups_and_the_cost_models_prediction() -> None
 def test_an_adaptive_run_over_other_pinned_depths_is_named_by_them(
         depths: tuple[int, ...], stem: str) -> None:
     from sanctum.bench.cli import spec_stem
-    from sanctum.bench.comparisons import Options
 
     assert spec_stem(Options(draft_depth=None, pinned_depths=depths)) == stem
 

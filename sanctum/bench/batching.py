@@ -30,8 +30,9 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sanctum.bench import options as O
 from sanctum.bench import servers
 from sanctum.bench.concurrent import (
     CLIENT_TIMEOUT_S,
@@ -41,14 +42,13 @@ from sanctum.bench.concurrent import (
     SETTLE_S,
     ConcurrentArm,
 )
+from sanctum.bench.options import Options, machine
 from sanctum.bench.results import ArmInfo, Run, Sample
 from sanctum.bench.runner import new_run_id, run_schedule
 from sanctum.bench.schedule import make_schedule
 from sanctum.bench.stats import Summary, figure_values, measured, pair_ratios, summarize
+from sanctum.bench.text import fmt, fmt_ratio
 from sanctum.bench.workloads import Workload, build_workloads, heldout_files
-
-if TYPE_CHECKING:
-    from sanctum.bench.comparisons import Options
 
 OURS, PLAIN, MLX, MLX_DRAFT = "sanctum", "sanctum plain", "mlx_lm.server", "mlx_lm.server draft"
 DRAFT_MAX_CLIENTS = 4
@@ -92,23 +92,22 @@ def _seat_model(spec: str, path: Path) -> str:
 
 
 def batching(opts: Options) -> Run:
-    from sanctum.bench import comparisons as C
     from shared.builtin import resolve_model
     from shared.prompt import load_tokenizer
 
     title = "Concurrent clients: our seat against mlx_lm.server with its batching on"
-    path = C.model_path(opts.model)
+    path = O.model_path(opts.model)
     try:
         drafter = resolve_model(opts.drafter)
     except ValueError as exc:
-        return C._not_measurable("batching", title, f"no drafter model ({exc})", opts.model)
+        return O.not_measurable("batching", title, f"no drafter model ({exc})", opts.model)
     if not (drafter / "config.json").exists():
-        return C._not_measurable("batching", title, f"no drafter model at {opts.drafter}",
+        return O.not_measurable("batching", title, f"no drafter model at {opts.drafter}",
                                  opts.model)
     tokens, clients = opts.batch_tokens, sorted(set(opts.batch_clients))
     ctx = int(json.loads((path / "config.json").read_text()).get("max_position_embeddings",
                                                                  2048))
-    cap = C._cap(ctx, ROW_FACTOR * tokens)
+    cap = O.seat_cap(ctx, ROW_FACTOR * tokens)
     tokenizer = load_tokenizer(path)
     source, files = heldout_files()
 
@@ -132,8 +131,8 @@ def batching(opts: Options) -> Run:
     mlx_depth = opts.draft_depth or 4
     # The servers stop (the stack) before their weights' directory is removed.
     with servers.workdir() as wd, ExitStack() as stack:
-        served = C._float32_copy(path, wd / "model-f32")
-        served_drafter = C._float32_copy(drafter, wd / "drafter-f32")
+        served = O.float32_copy(path, wd / "model-f32")
+        served_drafter = O.float32_copy(drafter, wd / "drafter-f32")
         port = servers.free_port()
         url = stack.enter_context(servers.sanctum_up(servers.sanctum_config(port, seats),
                                                      ("bench", "plain"), port))
@@ -191,7 +190,6 @@ def batching(opts: Options) -> Run:
         "(gaps that overlap its send to its first token); the ratio is before over during, "
         "within one slot.",
     ]
-    from sanctum.bench.comparisons import machine
 
     run = Run(run_id, "batching", title, MLX, [ArmInfo(n, d) for n, (d, _) in arms.items()],
               workloads, opts.batch_rounds, opts.warmup, opts.seed, machine(opts.model),
@@ -295,7 +293,6 @@ def _med(run: Run, fig: str, arm: str, w: str, fmt: Callable[[float], str]) -> s
 
 
 def _seconds(x: float) -> str:
-    from sanctum.bench.report import fmt
 
     return fmt(x, "s")
 
@@ -304,7 +301,6 @@ def table(run: Run) -> list[str]:
     """Per level and arm: aggregate tokens/s (median, and the per-pair ratio over
     mlx_lm.server), TTFT p50/p99, inter-token p99, slowest request; then the
     long-prompt scenario."""
-    from sanctum.bench.report import fmt_ratio
 
     arms = _arms(run)
     lines = ["Medians over the measured rounds of each slot's figures; the ratio is per "

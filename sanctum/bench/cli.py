@@ -14,33 +14,15 @@ re-executes itself with the same preload when this process lacks it.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from sanctum.bench.comparisons import Options
+from sanctum.bench.options import Options, ensure_worker_blas
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "bench" / "results"
-REEXEC_FLAG = "SANCTUM_BENCH_REEXEC"
-
-
-def ensure_worker_blas() -> None:
-    """Re-exec with the workers' BLAS preloaded, or say why the numbers may be off."""
-    from seatd.blas import find_openblas, loaded_blas, worker_env
-
-    wanted = find_openblas()
-    if wanted is None or loaded_blas() == "openblas":
-        return
-    if os.environ.get(REEXEC_FLAG):
-        print("sanctum bench: warning: OpenBLAS preload did not take; in-process arms run "
-              "on a different BLAS than the seats", file=sys.stderr)
-        return
-    env = dict(worker_env(dict(os.environ)), **{REEXEC_FLAG: "1"})
-    os.execve(sys.executable, [sys.executable, "-m", "sanctum.cli", *sys.argv[1:]], env)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
@@ -48,7 +30,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sanctum.bench.comparisons import COMPARISONS, Options
+    from sanctum.bench.comparisons import COMPARISONS
     from sanctum.bench.results import save_run
 
     ensure_worker_blas()
@@ -91,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def spec_stem(opts: Options) -> str:
     """spec, or spec-MODEL-DRAFTER-dN / spec-adaptive for runs off the default model,
     drafter or depth."""
-    from sanctum.bench.comparisons import PINNED, Options
+    from sanctum.bench.comparisons import PINNED
     from sanctum.bench.drafter_kinds import stem_part
 
     parts = ["spec"]
@@ -121,7 +103,7 @@ def cmd_load(args: argparse.Namespace) -> int:
 
 def add_bench(sub: Any) -> None:
     """Register `sanctum bench` on the main parser's subcommands."""
-    from sanctum.bench.comparisons import COMPARISONS, Options
+    from sanctum.bench.comparisons import COMPARISONS
 
     d = Options()
     bench = sub.add_parser("bench", help="interleaved A/B benchmarks")

@@ -25,15 +25,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 import numpy as np
 
+from sanctum.bench.options import Options, machine
 from sanctum.bench.results import Run
-
-if TYPE_CHECKING:
-    from sanctum.bench.comparisons import Options
 
 # -- pure figures --------------------------------------------------------------------
 
@@ -340,7 +338,6 @@ def cases(loaded: Any, model: str, names: Sequence[str], tokens: int) -> list[Ca
 def flips(opts: Options) -> Run:
     import sys
 
-    from sanctum.bench.comparisons import Options, machine
     from sanctum.bench.runner import new_run_id
 
     models = [opts.model] + ([HYBRID] if opts.model == Options().model else [])

@@ -27,18 +27,17 @@ import sys
 import time
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from sanctum.bench import arms as A
+from sanctum.bench import options as O
 from sanctum.bench import servers
+from sanctum.bench.options import Options, ensure_worker_blas
 from sanctum.bench.results import Run, Sample
 from sanctum.bench.runner import Measure
 from sanctum.bench.stats import Summary, figure_values, pair_ratios, quantile, summarize
-
-if TYPE_CHECKING:
-    from sanctum.bench.comparisons import Options
 
 SCHEMA_SPEC, SCHEMA_PLAIN = "schema spec", "schema plain"
 FREE_SPEC, FREE_PLAIN = "free spec", "free plain"
@@ -175,7 +174,6 @@ def grammar(opts: Options) -> Run:
     """The comparison (see the module docstring)."""
     import dataclasses
 
-    from sanctum.bench import comparisons as C
     from shared.builtin import resolve_model
     from shared.prompt import load_tokenizer
 
@@ -183,13 +181,13 @@ def grammar(opts: Options) -> Run:
     try:
         drafter = resolve_model(opts.drafter)
     except ValueError as exc:
-        return C._not_measurable("grammar", title, f"no drafter model ({exc})", opts.model)
-    path = C.model_path(opts.model)
+        return O.not_measurable("grammar", title, f"no drafter model ({exc})", opts.model)
+    path = O.model_path(opts.model)
     tokenizer = load_tokenizer(path)
     width = int(json.loads((path / "config.json").read_text()).get("vocab_size", 0)) or None
     cost = mask_cost(tokenizer, width or len(tokenizer), example_answer(), BENCH_SCHEMA)
-    cap = C._cap(2048, opts.tokens)
-    source, base = C._workloads(tokenizer, cap)
+    cap = O.seat_cap(2048, opts.tokens)
+    source, base = O.workloads_for(tokenizer, cap)
     base = [w for w in base if w.name in (opts.workloads or WORKLOADS)]
     workloads = [dataclasses.replace(w, name=f"{w.name} t={t:g}", temperature=t)
                  for t in TEMPERATURES for w in base]
@@ -226,7 +224,7 @@ def grammar(opts: Options) -> Run:
             f"(median), {cost['mask_consume_us_p99']:.0f} us (p99); compiling the "
             f"schema {cost['compile_ms']:.1f} ms once per seat.",
         ]
-        run = C._run(opts, "grammar", title, FREE_PLAIN, arms, workloads, opts.model, notes)
+        run = O.interleaved(opts, "grammar", title, FREE_PLAIN, arms, workloads, opts.model, notes)
     run = msgspec.structs.replace(run, extra={"grammar_cost": cost})
     why = not_constrained(run.samples)
     return msgspec.structs.replace(run, not_measurable=why) if why else run
@@ -304,8 +302,6 @@ def summary_lines(run: Run) -> list[str]:
 
 def cmd_grammar(args: Any) -> int:
     """`sanctum bench grammar`: run, store `grammar.json`, print the summary."""
-    from sanctum.bench.cli import ensure_worker_blas
-    from sanctum.bench.comparisons import Options
     from sanctum.bench.results import save_run
 
     ensure_worker_blas()
@@ -322,7 +318,6 @@ def cmd_grammar(args: Any) -> int:
 
 def add_parser(bsub: Any, results: str) -> None:
     """`sanctum bench grammar` on `sanctum bench`'s subcommands."""
-    from sanctum.bench.comparisons import Options
 
     d = Options()
     p = bsub.add_parser("grammar", help="decoding under a JSON schema against "

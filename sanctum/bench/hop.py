@@ -25,18 +25,15 @@ import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 
 from sanctum.bench import servers
+from sanctum.bench.options import Options, interleaved, model_path
 from sanctum.bench.results import Run
 from sanctum.bench.runner import Measure
 from sanctum.bench.stats import figure_values, pair_differences, summarize
 from sanctum.bench.workloads import Workload
-
-if TYPE_CHECKING:
-    from sanctum.bench.comparisons import Options
 
 PATH = "/v1/chat/completions"
 STREAM_TOKENS = 64
@@ -205,7 +202,6 @@ DESCRIPTIONS = {
 
 
 def hop(opts: Options) -> Run:
-    from sanctum.bench.comparisons import _run, model_path
 
     path = model_path(opts.model)  # named in the config only (the null seat's tokenizer)
     with hop_stack(str(path), with_nginx=True) as urls:
@@ -226,7 +222,7 @@ def hop(opts: Options) -> Run:
         if "nginx" not in urls:
             notes.append("nginx is not installed here: its arm was left out "
                          "(`make bench` installs it).")
-        return _run(opts, "hop", "The proxy hop: direct, nginx and proxyd", "direct", arms,
+        return interleaved(opts, "hop", "The proxy hop: direct, nginx and proxyd", "direct", arms,
                     workloads, opts.model, notes)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+from sanctum.bench.options import machine, model_path
 from sanctum.bench.stats import quantile
 
 MAX_CLIENTS = 64
@@ -108,7 +109,6 @@ def drive(url: str, model: str, clients: int, seconds: float, tokens: int) -> li
 
 def load_test(args: argparse.Namespace) -> int:
     from sanctum.bench import servers
-    from sanctum.bench.comparisons import machine, model_path
 
     with ExitStack() as stack:
         url, route = args.url, "bench"

@@ -35,15 +35,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from sanctum.bench.flips import Case, compared_tokens, first_difference, per_thousand, rate_text
+from sanctum.bench.options import Options, machine
 from sanctum.bench.results import ArmInfo, Run
-
-if TYPE_CHECKING:
-    from sanctum.bench.comparisons import Options
 
 BATCH = 8  # a request and 7 others
 DEPTH = 3  # the speculative config's pinned draft depth
@@ -300,7 +298,6 @@ def run_model(loaded: Any, drafter_model: Any, model: str, cases: Sequence[Case]
 
 
 def neighbours(opts: Options) -> Run:
-    from sanctum.bench.comparisons import Options, machine
     from sanctum.bench.flips import KEYED_SEED, KEYED_T, KEYED_TOP_K, KEYED_TOP_P, cases
     from sanctum.bench.runner import new_run_id
     from seatd.model_load import load_for_compute

@@ -11,7 +11,17 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from sanctum.bench import flips, neighbours
+from sanctum.bench.batching import headline as batching_headline
+from sanctum.bench.batching import plot as batching_plot
+from sanctum.bench.batching import table as batching_table
+from sanctum.bench.grammar import headline as grammar_headline
+from sanctum.bench.grammar import table as grammar_table
+from sanctum.bench.hop import section as hop_table
 from sanctum.bench.results import Run, load_run
+from sanctum.bench.rules import headline as rules_headline
+from sanctum.bench.rules import plot as rules_plot
+from sanctum.bench.rules import table as rules_table
 from sanctum.bench.stats import (
     FIGURES,
     NotInterleaved,
@@ -24,6 +34,7 @@ from sanctum.bench.stats import (
     pair_ratios,
     summarize,
 )
+from sanctum.bench.text import GOALS, fmt, fmt_ratio, fmt_summary, per_temperature
 
 ORDER = ["stack", "mlx-server", "proxy", "spec", "cache", "rollback", "rules", "flips",
          "batching", "hop", "neighbours", "grammar"]
@@ -50,23 +61,7 @@ SHOWN = {
     "rollback": ["round_s", "rollback_s"],
     "proxy": ["latency_p50_s", "latency_p99_s", "per_token_p50_s", "per_token_p99_s", "rps"],
 }
-GOALS = {"stack": 0.95, "mlx-server t=0": 1.0, "mlx-server t=0.7": 1.3, "spec t=0": 1.4,
-         "spec t=0.7": 1.3}
 REGENERATE = "make bench"
-
-
-def fmt(x: float, unit: str) -> str:
-    if unit == "s":
-        return f"{x * 1000:.3g} ms" if x < 1 else f"{x:.3g} s"
-    return f"{x:.3g} {unit}"
-
-
-def fmt_summary(s: Summary, unit: str) -> str:
-    return f"{fmt(s.median, unit)} [{fmt(s.q1, unit)}–{fmt(s.q3, unit)}]"
-
-
-def fmt_ratio(s: Summary) -> str:
-    return f"**{s.median:.2f}x** [{s.q1:.2f}–{s.q3:.2f}], n={s.n}"
 
 
 def _other(run: Run) -> str:
@@ -79,15 +74,15 @@ def _spec_headline(run: Run, arm: str, base: str) -> list[tuple[str, Summary, fl
     prediction), mlx-lm's loop, and the workload groups with their goals."""
     out: list[tuple[str, Summary, float | None]] = []
     names = {a.name for a in run.arms}
-    out += _per_temperature(run, "decode_tps", arm, base,
+    out += per_temperature(run, "decode_tps", arm, base,
                             "decode tokens/s over plain, t={t}", "spec")
     pinned = pinned_arms(run)
     if pinned == [PINNED_ARM]:
-        out += _per_temperature(run, "decode_tps", arm, PINNED_ARM,
+        out += per_temperature(run, "decode_tps", arm, PINNED_ARM,
                                 f"decode tokens/s, adaptive over {PINNED_ARM}, t={{t}}")
     elif pinned:  # a sweep: each depth over plain, and against its prediction
         for d in pinned:
-            out += _per_temperature(run, "decode_tps", d, base,
+            out += per_temperature(run, "decode_tps", d, base,
                                     f"decode tokens/s, {d} over plain, t={{t}}")
         for d in pinned:
             r = measured_over_predicted(run, d)
@@ -95,7 +90,7 @@ def _spec_headline(run: Run, arm: str, base: str) -> list[tuple[str, Summary, fl
                 out.append((f"decode tokens/s of {d}, measured over the cost model's "
                             "prediction, every workload", summarize(r), SPEC_PREDICTION))
     if MLX_SPEC in names:
-        out += _per_temperature(run, "decode_tps", arm, MLX_SPEC,
+        out += per_temperature(run, "decode_tps", arm, MLX_SPEC,
                                 "decode tokens/s, ours over mlx-lm speculative, t={t}")
     for group, members, goal in SPEC_GROUPS:
         for t in ("0", "0.7"):
@@ -118,18 +113,15 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
             out.append(("requests/s, proxy over direct", summarize(r), None))
         return out
     if run.comparison == "mlx-server":
-        return _per_temperature(run, "e2e_s", arm, base, "end-to-end speed, t={t}, all workloads",
+        return per_temperature(run, "e2e_s", arm, base, "end-to-end speed, t={t}, all workloads",
                                 "mlx-server")
     if run.comparison == "rules":
-        from sanctum.bench.rules import headline as rules_headline
 
         return rules_headline(run)
     if run.comparison == "batching":
-        from sanctum.bench.batching import headline as batching_headline
 
         return batching_headline(run)
     if run.comparison == "grammar":
-        from sanctum.bench.grammar import headline as grammar_headline
 
         return grammar_headline(run)
     if run.comparison == "rollback":
@@ -156,20 +148,6 @@ SPEC_GROUPS: tuple[tuple[str, tuple[str, ...], dict[str, float]], ...] = (
     ("copy-heavy", ("rename", "repeat", "template"), {"0": 2.0}),
     ("prose", ("prose",), {}),
 )
-
-
-def _per_temperature(run: Run, fig: str, arm: str, other: str, what: str,
-                     goals: str | None = None, temperatures: tuple[str, ...] = ("0", "0.7"),
-                     ) -> list[tuple[str, Summary, float | None]]:
-    """One headline row per temperature (workloads named '... t=T'), all its pairs pooled."""
-    out: list[tuple[str, Summary, float | None]] = []
-    for t in temperatures:
-        r = [x for w in run.workloads if w.endswith(f"t={t}")
-             for x in pair_ratios(run.samples, fig, arm, other, w)]
-        if r:
-            out.append((what.format(t=t), summarize(r),
-                        GOALS.get(f"{goals} t={t}") if goals else None))
-    return out
 
 
 def added_headline(run: Run) -> list[tuple[str, str]]:
@@ -387,19 +365,15 @@ def section(run: Run, plot: str | None, name: str | None = None) -> list[str]:
     if run.comparison == "proxy":
         lines += [*_added(run), ""]
     if run.comparison == "rules":
-        from sanctum.bench.rules import table as rules_table
 
         lines += [*rules_table(run), ""]
     elif run.comparison == "batching":
-        from sanctum.bench.batching import table as batching_table
 
         lines += [*batching_table(run), ""]
     elif run.comparison == "hop":
-        from sanctum.bench.hop import section as hop_table
 
         lines += [*hop_table(run), ""]
     elif run.comparison == "grammar":
-        from sanctum.bench.grammar import table as grammar_table
 
         lines += [*grammar_table(run), ""]
     else:
@@ -423,11 +397,9 @@ def plot_run(run: Run, path: Path) -> bool:
     except ImportError:
         return False
     if run.comparison == "rules":
-        from sanctum.bench.rules import plot as rules_plot
 
         return rules_plot(run, path, plt)
     if run.comparison == "batching":
-        from sanctum.bench.batching import plot as batching_plot
 
         return batching_plot(run, path, plt)
     arm, base = _other(run), run.baseline
@@ -504,7 +476,6 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
             label += f" ({name.removeprefix(run.comparison + '-')})"
         if run.comparison in ("flips", "neighbours") and not run.not_measurable:
             # A correctness measure without interleaved samples: its own section.
-            from sanctum.bench import flips, neighbours
 
             own = flips if run.comparison == "flips" else neighbours
             body += own.section(run, label)

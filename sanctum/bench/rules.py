@@ -26,18 +26,18 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
 from sanctum.bench import arms as A
+from sanctum.bench import options as O
 from sanctum.bench import servers
+from sanctum.bench.options import Options
 from sanctum.bench.results import Run, Sample
 from sanctum.bench.runner import Measure
 from sanctum.bench.stats import Summary, figure_values, pair_ratios, summarize
-
-if TYPE_CHECKING:
-    from sanctum.bench.comparisons import Options
+from sanctum.bench.text import fmt_ratio, per_temperature
 
 TEMPERATURES = (0.7, 1.0)
 DEPTH = 3
@@ -79,7 +79,6 @@ def same_answers(samples: list[Sample], arm: str, other: str) -> tuple[int, int]
 
 
 def rules(opts: Options) -> Run:
-    from sanctum.bench import comparisons as C
     from shared.builtin import resolve_model
     from shared.prompt import load_tokenizer
 
@@ -87,14 +86,14 @@ def rules(opts: Options) -> Run:
     try:
         drafter = resolve_model(opts.drafter)
     except ValueError as exc:
-        return C._not_measurable("rules", title, f"no drafter model ({exc})", opts.model)
+        return O.not_measurable("rules", title, f"no drafter model ({exc})", opts.model)
     if not (drafter / "config.json").exists():
-        return C._not_measurable("rules", title, f"no drafter model at {opts.drafter}",
+        return O.not_measurable("rules", title, f"no drafter model at {opts.drafter}",
                                  opts.model)
-    path = C.model_path(opts.model)
-    cap = C._cap(2048, opts.tokens)
-    source, base = C._workloads(load_tokenizer(path), cap)
-    base = [w for w in base if w.name in (opts.workloads or C.SPEC_WORKLOADS)]
+    path = O.model_path(opts.model)
+    cap = O.seat_cap(2048, opts.tokens)
+    source, base = O.workloads_for(load_tokenizer(path), cap)
+    base = [w for w in base if w.name in (opts.workloads or O.SPEC_WORKLOADS)]
     workloads = [dataclasses.replace(w, name=f"{w.name} t={t:g}", temperature=t)
                  for t in TEMPERATURES for w in base]
     by_name = {w.name: w for w in workloads}
@@ -139,7 +138,7 @@ def rules(opts: Options) -> Run:
             "before and after each request; per position, the share of verifies that "
             "accepted draft token 1 / 2 / 3.",
         ]
-        run = C._run(opts, "rules", title, PLAIN, arms, workloads, opts.model, notes)
+        run = O.interleaved(opts, "rules", title, PLAIN, arms, workloads, opts.model, notes)
     spec_seen = all(any(s.figures.get("accelerated") for s in run.samples if s.arm == a)
                     for a in SPECULATIVE)
     if not spec_seen:
@@ -161,18 +160,17 @@ def _spec_arms(run: Run) -> list[str]:
 def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
     """Per temperature: each speculating arm's decode rate over plain; then, at the pinned
     depth, rejection over keyed in decode rate and in accepted drafts per verify."""
-    from sanctum.bench.report import _per_temperature
 
     out: list[tuple[str, Summary, float | None]] = []
     for arm in _spec_arms(run):
-        out += _per_temperature(run, "decode_tps", arm, run.baseline,
+        out += per_temperature(run, "decode_tps", arm, run.baseline,
                                 f"decode tokens/s, {arm} over plain, t={{t}}",
                                 temperatures=REPORT_TEMPERATURES)
     if {KEYED, REJECTION} <= {a.name for a in run.arms}:
-        out += _per_temperature(run, "decode_tps", REJECTION, KEYED,
+        out += per_temperature(run, "decode_tps", REJECTION, KEYED,
                                 f"decode tokens/s, {REJECTION} over {KEYED}, t={{t}}",
                                 temperatures=REPORT_TEMPERATURES)
-        out += _per_temperature(run, "accept_len", REJECTION, KEYED,
+        out += per_temperature(run, "accept_len", REJECTION, KEYED,
                                 f"accepted drafts per verify, {REJECTION} over {KEYED}, "
                                 "t={t}", temperatures=REPORT_TEMPERATURES)
     return out
@@ -201,7 +199,6 @@ def table(run: Run) -> list[str]:
     """Per temperature (workloads pooled), then per workload, every arm: decode rate, its
     ratio over plain, acceptance and acceptance per position; then whether keyed and
     plain answers were the same bytes."""
-    from sanctum.bench.report import fmt_ratio
 
     base = run.baseline
     arms = [base, *_spec_arms(run)]
