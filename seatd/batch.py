@@ -85,9 +85,9 @@ from seatd.kv_budget import KVBudget
 from seatd.prefill_rows import KV_LAYERS, PrefillCost, RideCost, stack, stackable, take
 from seatd.rows_cache import SLACK, OneRow, Rider, RowsCache, lane_cache
 from seatd.rows_drafter import Ask, RowsDrafter
-from seatd.sampling import Draws, Keyed, draws_for
+from seatd.sampling import Draws, draws_for
 from seatd.shaping import Matcher, Shaper, logprob_arrays, token_logprobs
-from seatd.verify import draft_probs, verify_greedy, verify_sampled
+from seatd.verify import judge
 from shared.protocol import Generate, SamplingParams, TokenLogprob
 
 log = structlog.get_logger()
@@ -1244,16 +1244,8 @@ class Engine:
             if shaped:
                 assert r.shaper is not None
                 own = r.shaper.shape_block(own, tokens, mask)
-            if r.params.temperature == 0:
-                verdicts.append(verify_greedy(own, tokens[None]))
-            elif isinstance(r.draws, Keyed):
-                verdicts.append(verify_greedy(r.draws.scores(own, r.params, r.issued),
-                                              tokens[None]))
-            else:
-                probs = d.probs[None, :lim] if d.probs is not None else None
-                assert not isinstance(r.draws, Keyed)
-                verdicts.append(verify_sampled(draft_probs(own, r.params), tokens[None], probs,
-                                               r.draws.next_key()))
+            verdicts.append(judge(own, tokens, d.probs[:lim] if d.probs is not None else None,
+                                  r.params, r.draws, r.issued))
         return verdicts
 
     def _settle(self, lane: Lane, rows: list[Row], drafts: list[Any], outs: list[list[int]],

@@ -47,10 +47,10 @@ from seatd import recurrent
 from seatd.adaptive import DepthStats, RoundPolicy, observe, park_tokens
 from seatd.answer import Answer
 from seatd.drafters import Drafter, LookupDrafter
-from seatd.sampling import Draws, Keyed, draws_for
+from seatd.sampling import Draws, draws_for
 from seatd.shaping import Shaper
 from seatd.spec_costs import SpecCosts
-from seatd.verify import draft_probs, verify_greedy, verify_sampled
+from seatd.verify import judge
 from shared.protocol import SamplingParams
 
 log = structlog.get_logger()
@@ -288,17 +288,7 @@ def _speculative(model: Any, cache: list[Any], y: int, spec: Speculation,
             logits = model(block[None], cache=cache)  # (1, k+1, V)
         if shaper is not None:
             logits = shaper.shape_block(logits, draft.tokens, None)
-        if params.temperature == 0:
-            n_arr, t_arr = verify_greedy(logits, draft.tokens[None])
-        elif isinstance(draws, Keyed):
-            # Keyed: keep drafts while they are the target's own keyed tokens, then the
-            # target's token at the first mismatch (or after the last draft).
-            n_arr, t_arr = verify_greedy(draws.scores(logits, params, produced),
-                                         draft.tokens[None])
-        else:
-            probs = draft.probs[None] if draft.probs is not None else None
-            n_arr, t_arr = verify_sampled(draft_probs(logits, params), draft.tokens[None], probs,
-                                          draws.next_key())
+        n_arr, t_arr = judge(logits, draft.tokens, draft.probs, params, draws, produced)
         mx.eval(n_arr, t_arr, draft.tokens)
         kept, token = scalar(n_arr), scalar(t_arr)
         drafted = draft.k

@@ -11,6 +11,9 @@ bonus token from p.  p and q are both taken after the same temperature, top-k an
 top-p.  A drafter with no distribution (lookup) has a one-hot q: keep x with
 probability p(x), and on rejection draw from p with x removed.
 
+`judge` picks the rule for a request and is the one place both decode loops (the batch
+engine's verify round and the one-request reference loop) ask for a verdict.
+
 Everything stays on the device and lazy: the caller evaluates `(n, token)` once.
 Shapes carry a leading batch axis B so that the distribution test can run many
 trials at once; the decode loop uses B = 1.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from seatd.sampling import filter_logits
+from seatd.sampling import Draws, Keyed, filter_logits
 from shared.protocol import SamplingParams
 
 
@@ -74,3 +77,19 @@ def verify_sampled(p: mx.array, drafts: mx.array, q: mx.array | None,
     row = mx.take_along_axis(choices, n[:, None, None], axis=1)[:, 0, :]  # (B, V)
     token = mx.random.categorical(mx.log(row), axis=-1, key=k_draw)
     return n, token
+
+
+def judge(logits: mx.array, drafts: mx.array, probs: mx.array | None,
+          params: SamplingParams, draws: Draws, position: int) -> tuple[mx.array, mx.array]:
+    """One request's verdict on its drafted block, by its rule: greedy at temperature 0;
+    keyed for a seeded request (drafts kept while they are the target's own keyed tokens,
+    then the target's token at the first mismatch or after the last draft); rejection
+    sampling otherwise.  `logits` (1, k+1, V), already shaped; `drafts` (k,); `probs`
+    the drafter's (k, V), None for a one-hot drafter; `position` the answer's position
+    of the block's first token (the keyed rule's key).  Returns (kept (1,), next (1,))."""
+    if params.temperature == 0:
+        return verify_greedy(logits, drafts[None])
+    if isinstance(draws, Keyed):
+        return verify_greedy(draws.scores(logits, params, position), drafts[None])
+    return verify_sampled(draft_probs(logits, params), drafts[None],
+                          probs[None] if probs is not None else None, draws.next_key())
