@@ -1,13 +1,13 @@
 """The aiohttp application: routes, middleware, and the front doors.
 
-A door's handler parses its API's body into a `Generate` (proxyd/openai_api.py for
-chat and text completions, proxyd/anthropic_api.py for Anthropic Messages,
-proxyd/openai_responses_api.py for OpenAI Responses), picks the route and the door that
+A door's handler parses its API's body into a `Generate` (proxyd/doors/openai_api.py for
+chat and text completions, proxyd/doors/anthropic_api.py for Anthropic Messages,
+proxyd/doors/openai_responses_api.py for OpenAI Responses), picks the route and the door that
 renders its format, and hands both to the plumbing (proxyd/front.py), which runs the
 ladder (proxyd/journey.py).  The body's top-level fields unknown to its API are counted
 (`ignored_fields{field}`) and named in `X-Sanctum-Ignored` on the answer, or on the
 error, whichever the request gets.  Errors take the shape of the door they came to
-(proxyd/doors.py); each door counts its requests and its errors by type.
+(proxyd/doors/__init__.py); each door counts its requests and its errors by type.
 """
 
 from __future__ import annotations
@@ -22,16 +22,15 @@ import structlog
 from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler
 
-from proxyd import anthropic_api, openai_responses_api
 from proxyd.auth import allowed_routes, auth
 from proxyd.counters import render_metrics
-from proxyd.doors import door_of, error_body
+from proxyd.doors import anthropic_api, door_of, error_body, openai_responses_api
+from proxyd.doors.openai_api import ChatRequest, CompletionRequest, read_chat, read_completion
+from proxyd.doors.openai_door import Door
+from proxyd.doors.openai_fields import ignored_fields, ignored_header
 from proxyd.front import serve
 from proxyd.hosted import HostedClient
 from proxyd.limits import OverSize, body_too_large, check_body, refused_field
-from proxyd.openai_api import ChatRequest, CompletionRequest, read_chat, read_completion
-from proxyd.openai_door import Door
-from proxyd.openai_fields import ignored_fields, ignored_header
 from proxyd.proxy import PROXY, Proxy
 from proxyd.readiness import health, live
 from proxyd.seat_client import SeatClient

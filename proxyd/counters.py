@@ -38,10 +38,10 @@ LABELLED: dict[str, tuple[str, ...]] = {
     # down: nothing was loading any more)
     "load_waits": ("outcome",),
     # top-level body fields unknown to the OpenAI API, ignored and listed in
-    # X-Sanctum-Ignored (proxyd/openai_fields.py): at most MAX_IGNORED_LABELS names,
+    # X-Sanctum-Ignored (proxyd/doors/openai_fields.py): at most MAX_IGNORED_LABELS names,
     # since clients choose them; the rest are counted as OTHER_FIELD
     "ignored_fields": ("field",),
-    # per front door (chat, completions, messages, responses; proxyd/doors.py):
+    # per front door (chat, completions, messages, responses; proxyd/doors/__init__.py):
     # the requests it took, and the errors it answered by their API's error type (a
     # refusal's, or `midstream` for a begun stream that ended with an error event)
     "door_requests": ("door",),

@@ -20,7 +20,7 @@ held to the constraint across the seam, so it ends with `Abort` (proxyd/journey.
 
 A request that no rung answered before commit ends with a `SanctumError` raised
 from the ladder instead (proxyd/conclusion.py), which the error middleware
-renders.  Each front door (proxyd/openai_door.py for the OpenAI formats) renders
+renders.  Each front door (proxyd/doors/openai_door.py for the OpenAI formats) renders
 these events in its own API's shape; none of them decides anything.
 """
 

@@ -2,7 +2,7 @@
 
     serve(request, proxy, door, route, gen, headers) -> web.StreamResponse
 
-The journey (proxyd/journey.py) decides; the door (proxyd/openai_door.py)
+The journey (proxyd/journey.py) decides; the door (proxyd/doors/openai_door.py)
 renders; this writes.  Response headers are sent only at the commit point (the
 answering seat's first text, or its whole answer), so `X-Sanctum-Seat` and
 `X-Sanctum-Attempts` are true when they leave (the attempt that began the answer is
@@ -19,9 +19,9 @@ from contextlib import aclosing
 
 from aiohttp import web
 
+from proxyd.doors.openai_door import Door
 from proxyd.events import Abort, Answer, Commit, Done, Text
 from proxyd.journey import Journey
-from proxyd.openai_door import Door
 from proxyd.proxy import Proxy
 from shared.config import RouteConfig
 from shared.errors import SanctumError

@@ -49,7 +49,7 @@ PROTOCOL_VERSION = 1
 
 # Bounds on the values that would break a seat later (a negative budget, a sort of
 # NaNs, an embedding row that does not exist, a stop scan that costs seconds a token).
-# The proxy checks client input against its own, stricter limits (proxyd/openai_api.py,
+# The proxy checks client input against its own, stricter limits (proxyd/doors/openai_api.py,
 # the config's max_* keys) first, so a frame from it never meets these: a value past
 # them is a peer's bug, answered with Rejected(400, "invalid_value") naming the field.
 INT64_MAX = 2**63 - 1

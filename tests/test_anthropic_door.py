@@ -14,15 +14,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxyd import anthropic_api
-from proxyd.anthropic_api import (
+from proxyd.doors import anthropic_api
+from proxyd.doors.anthropic_api import (
     FIELDS,
     CountTokensRequest,
     MessagesRequest,
     read_count_tokens,
     read_messages,
 )
-from proxyd.anthropic_door import MessagesDoor, error_body, error_type, tool_input
+from proxyd.doors.anthropic_door import MessagesDoor, error_body, error_type, tool_input
 from proxyd.events import Answer, Done, Text
 from shared.config import ProxyConfig
 from shared.errors import (

@@ -1,4 +1,4 @@
-"""Which door a path is, and each door's error shape (proxyd/doors.py, proxyd/app.py)."""
+"""Which door a path is, and each door's error shape (proxyd/doors/__init__.py, proxyd/app.py)."""
 
 from __future__ import annotations
 

@@ -297,9 +297,9 @@ def test_after_the_fuzz_the_proxy_and_seats_serve(rig: Rig) -> None:
 def parse_one(data: bytes) -> None:
     """One input to every door's parser: it parses, or it is refused with a 4xx in the
     OpenAI shape; anything else raised is a crash."""
-    from proxyd.anthropic_api import read_count_tokens, read_messages
-    from proxyd.openai_api import parse_chat, parse_completion, tools_json
-    from proxyd.openai_responses_api import read_responses
+    from proxyd.doors.anthropic_api import read_count_tokens, read_messages
+    from proxyd.doors.openai_api import parse_chat, parse_completion, tools_json
+    from proxyd.doors.openai_responses_api import read_responses
     from shared.errors import ClientError
 
     for limits in (L, SMALL):
@@ -328,8 +328,8 @@ if __name__ == "__main__":
     import atheris
 
     with atheris.instrument_imports(include=["proxyd"]):
-        import proxyd.anthropic_api
-        import proxyd.openai_api
-        import proxyd.openai_responses_api  # noqa: F401
+        import proxyd.doors.anthropic_api
+        import proxyd.doors.openai_api
+        import proxyd.doors.openai_responses_api  # noqa: F401
     atheris.Setup(sys.argv, parse_one)
     atheris.Fuzz()

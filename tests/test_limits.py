@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from proxyd import limits as lim
-from proxyd.openai_api import parse_chat, parse_completion
+from proxyd.doors.openai_api import parse_chat, parse_completion
 from shared.clock import ManualClock
 from shared.config import ProxyConfig
 from shared.errors import BadRequest, PayloadTooLarge

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from proxyd import openai_api
-from proxyd.openai_api import DEFAULT_MAX_TOKENS, validation_param
+from proxyd.doors import openai_api
+from proxyd.doors.openai_api import DEFAULT_MAX_TOKENS, validation_param
 from shared.config import ProxyConfig
 from shared.errors import BadRequest
 
@@ -99,7 +99,7 @@ def test_completion_prompt_forms() -> None:
 def test_sanctum_overrides_reach_the_generate_fields() -> None:
     """`sanctum.prompt_cache: false` (with kv, speculation, a pinned draft depth and a row
     of its own) becomes Generate fields; a depth out of 0..16 is a 400 naming it."""
-    from proxyd.openai_api import overrides
+    from proxyd.doors.openai_api import overrides
 
     body = (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}],'
             b' "sanctum": {"prompt_cache": false, "kv": "q8", "draft_depth": 4, "solo": true}}')

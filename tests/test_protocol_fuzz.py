@@ -249,7 +249,7 @@ client_body = st.fixed_dictionaries(
 def test_pure_whatever_the_proxy_takes_a_seat_takes(body: dict[str, Any]) -> None:
     """A completion body the proxy accepts (its limits are the default config's) becomes
     a Generate that a seat reads as such: the proxy is at least as strict as the seat."""
-    from proxyd.openai_api import overrides, parse_completion
+    from proxyd.doors.openai_api import overrides, parse_completion
     from shared.config import ProxyConfig
     from shared.errors import SanctumError
 

@@ -16,9 +16,9 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
+from proxyd.doors.openai_responses_api import FIELDS, ResponsesRequest, read_responses
+from proxyd.doors.openai_responses_door import ResponsesDoor
 from proxyd.events import Answer, Done, Text
-from proxyd.openai_responses_api import FIELDS, ResponsesRequest, read_responses
-from proxyd.openai_responses_door import ResponsesDoor
 from shared.config import ProxyConfig
 from shared.errors import BadRequest, PayloadTooLarge
 from shared.protocol import ChatMessage, TokenLogprob, ToolCall, Usage

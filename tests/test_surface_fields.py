@@ -11,14 +11,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from proxyd.journey import constraint, may_continue
-from proxyd.openai_api import (
+from proxyd.doors.openai_api import (
     ChatRequest,
     CompletionRequest,
     read_chat,
     read_completion,
 )
-from proxyd.openai_fields import (
+from proxyd.doors.openai_fields import (
     FIELDS,
     MAX_IGNORED_LISTED,
     door_fields,
@@ -26,6 +25,7 @@ from proxyd.openai_fields import (
     ignored_header,
     sanitise,
 )
+from proxyd.journey import constraint, may_continue
 from shared import protocol
 from shared.config import ProxyConfig
 from shared.errors import BadRequest, SanctumError

@@ -18,8 +18,8 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from proxyd.doors.openai_door import ChatDoor, CompletionDoor
 from proxyd.events import Answer, Done, Text
-from proxyd.openai_door import ChatDoor, CompletionDoor
 from shared.protocol import TokenLogprob, ToolCall, Usage
 from tests.procs import http
 from tests.rig import Rig

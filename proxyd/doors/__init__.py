@@ -1,11 +1,14 @@
-"""The front doors by path, and each door's error shape.
+"""The front doors: this package holds one module pair per API (its body's reading,
+`*_api.py`; its answer's writing, `*_door.py`) and what they share (`openai_fields.py`:
+the fields every door answers about; `openai_tools.py`: tools and structured output);
+this module, the door of each path and each door's error shape.
 
     door_of(path) -> str | None        "chat", "completions", "messages", "responses"
     error_body(door, exc) -> (body, type)
 
 Every door is an adapter over the same ladder (proxyd/front.py); what differs is how
-a body is read (proxyd/openai_api.py, anthropic_api.py, openai_responses_api.py) and
-how events and errors are written (proxyd/openai_door.py, anthropic_door.py,
+a body is read (proxyd/doors/openai_api.py, anthropic_api.py, openai_responses_api.py) and
+how events and errors are written (proxyd/doors/openai_door.py, anthropic_door.py,
 openai_responses_door.py).  A refusal is rendered in the shape of the door it came
 to, whether the handler raised it or the middleware did (a key refused, a body too
 large, a method not allowed): the Anthropic door's clients parse
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxyd import anthropic_door
+from proxyd.doors import anthropic_door
 from shared.errors import SanctumError
 
 PATHS = {

@@ -6,7 +6,7 @@ with it; the fields unknown to the API, found and named.
     ignored_fields(body, kind)       the body's unknown top-level fields, sanitised, sorted
     ignored_header(names)            their X-Sanctum-Ignored value, bounded
 
-Actions: `honoured` (mapped onto the `Generate` a rung gets, proxyd/openai_api.py),
+Actions: `honoured` (mapped onto the `Generate` a rung gets, proxyd/doors/openai_api.py),
 `accepted` (it asks for nothing this product must do, so no action is needed),
 `refused` (a 400 naming it, unless its value asks for nothing: null, or a value in
 `Field.allowed`, compared with its type so that `true` is not 1).  A top-level field

@@ -13,7 +13,7 @@ assistant message just before them, are one turn) and `function_call_output` ite
 ({"type": "function", "name", "parameters", ...}), tool_choice names a function as
 {"type": "function", "name"}, and `text.format` holds the structured-output
 constraint ({"type": "json_schema", "name", "schema", ...}).  They are turned into
-the chat door's own Structs (proxyd/openai_tools.py) and checked there, so both doors
+the chat door's own Structs (proxyd/doors/openai_tools.py) and checked there, so both doors
 refuse the same things; a refusal names the Responses path (`tools[0].parameters`,
 `text.format.schema`), not the chat one.  Log-probabilities are asked with include
 ["message.output_text.logprobs"], and their alternatives with top_logprobs.
@@ -37,8 +37,8 @@ from typing import Any, Literal, NamedTuple
 import msgspec
 
 from proxyd import limits as lim
-from proxyd import openai_tools as tools
-from proxyd.openai_api import (
+from proxyd.doors import openai_tools as tools
+from proxyd.doors.openai_api import (
     MaxTokens,
     SanctumOptions,
     Temperature,
@@ -46,9 +46,9 @@ from proxyd.openai_api import (
     TopP,
     decode_body,
 )
-from proxyd.openai_fields import ABSENT, Refusable, refuse_asked, sanitise
-from proxyd.openai_responses_door import ResponsesDoor
-from proxyd.openai_tools import CallId, Name
+from proxyd.doors.openai_fields import ABSENT, Refusable, refuse_asked, sanitise
+from proxyd.doors.openai_responses_door import ResponsesDoor
+from proxyd.doors.openai_tools import CallId, Name
 from shared.config import ProxyConfig
 from shared.errors import BadRequest, SanctumError
 from shared.protocol import ChatMessage, Generate, SamplingParams

@@ -6,10 +6,10 @@
 Bodies are Anthropic's (`POST /v1/messages`, `POST /v1/messages/count_tokens`); what
 each top-level field is (honoured, accepted or refused) is `FIELDS` below, and a field
 not there is unknown to the API: ignored, listed in X-Sanctum-Ignored and counted, as at
-the OpenAI doors (proxyd/openai_fields.py does the finding and the sanitising).  A known
+the OpenAI doors (proxyd/doors/openai_fields.py does the finding and the sanitising).  A known
 field with a wrong type or value is a 400 naming it (`messages[0].content[2].type`), the
 config's input limits (proxyd/limits.py) apply as at chat completions, and tools go
-through the chat door's checks (proxyd/openai_tools.py) in OpenAI's shape, which is what
+through the chat door's checks (proxyd/doors/openai_tools.py) in OpenAI's shape, which is what
 the seats and hosted rungs take.
 
 The mapping onto chat messages (shared.protocol.ChatMessage):
@@ -44,11 +44,18 @@ from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 import msgspec
 
 from proxyd import limits as lim
-from proxyd import openai_tools as tools
-from proxyd.anthropic_door import MessagesDoor
-from proxyd.openai_api import SanctumOptions, decode_body
-from proxyd.openai_fields import ABSENT, Refusable, refuse_asked
-from proxyd.openai_tools import CallId, FunctionSpec, JsonSchemaFormat, JsonSchemaSpec, Name, Tool
+from proxyd.doors import openai_tools as tools
+from proxyd.doors.anthropic_door import MessagesDoor
+from proxyd.doors.openai_api import SanctumOptions, decode_body
+from proxyd.doors.openai_fields import ABSENT, Refusable, refuse_asked
+from proxyd.doors.openai_tools import (
+    CallId,
+    FunctionSpec,
+    JsonSchemaFormat,
+    JsonSchemaSpec,
+    Name,
+    Tool,
+)
 from shared.config import ProxyConfig
 from shared.errors import BadRequest
 from shared.protocol import ChatMessage, Generate, SamplingParams

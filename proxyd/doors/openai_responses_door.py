@@ -13,7 +13,7 @@ object, or as the Responses event sequence.
     door.trailer(answer)                     nothing: the segments of a continued answer
                                              are in the final response's `sanctum` object
 
-A door decides nothing (proxyd/openai_door.py says so of every door); one door renders
+A door decides nothing (proxyd/doors/openai_door.py says so of every door); one door renders
 one request, so it keeps the stream's `sequence_number` and the items it has sent.
 
 Shapes are OpenAI's: the response `id` is "resp_" + the request id; a message item
@@ -44,8 +44,8 @@ from typing import Any
 
 import msgspec
 
+from proxyd.doors.openai_door import KEEPALIVE, chat_logprobs
 from proxyd.events import Answer, Done, Text
-from proxyd.openai_door import KEEPALIVE, chat_logprobs
 from shared.protocol import TokenLogprob, ToolCall, Usage
 
 _encode = msgspec.json.encode

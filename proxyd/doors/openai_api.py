@@ -3,7 +3,7 @@
     read_chat(body, limits) -> Chat                 chat.generate(request_id) -> Generate
     read_completion(body, limits) -> Completion     and its unknown fields, `ignored`
 
-What each top-level field is (honoured, accepted or refused) is proxyd/openai_fields.py's
+What each top-level field is (honoured, accepted or refused) is proxyd/doors/openai_fields.py's
 table; the unknown ones are found at no cost for a body that has none: it is decoded
 into a Struct that forbids unknown top-level fields, and only a body that fails that is
 decoded again leniently (the error it gets is then the lenient decode's) and its keys
@@ -25,10 +25,10 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from proxyd import limits as lim
-from proxyd import openai_tools as tools
-from proxyd.openai_door import ChatDoor, CompletionDoor
-from proxyd.openai_fields import ABSENT, ignored_fields, refuse_unsupported, sanitise
-from proxyd.openai_tools import CallId, MessageToolCall, ResponseFormat, Tool, ToolChoice
+from proxyd.doors import openai_tools as tools
+from proxyd.doors.openai_door import ChatDoor, CompletionDoor
+from proxyd.doors.openai_fields import ABSENT, ignored_fields, refuse_unsupported, sanitise
+from proxyd.doors.openai_tools import CallId, MessageToolCall, ResponseFormat, Tool, ToolChoice
 from shared.config import ProxyConfig
 from shared.errors import BadRequest
 from shared.protocol import (
