@@ -71,7 +71,9 @@ from seatd import prefill_rows, recurrent
 from seatd.adaptive import DepthStats, RoundPolicy, observe, park_tokens
 from seatd.answer import Answer
 from seatd.batch_policy import StepCosts, paced, plan_step, ride_tokens
-from seatd.decode import (
+from seatd.drafter_choice import JUDGE_TOKENS, Choice, choose, trusts
+from seatd.drafters import LookupDrafter, ModelDrafter
+from seatd.engine_types import (
     PREFILL_CHUNK,
     DecodeResult,
     Resume,
@@ -79,8 +81,6 @@ from seatd.decode import (
     Speculation,
     make_cache,
 )
-from seatd.drafter_choice import JUDGE_TOKENS, Choice, choose, trusts
-from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.kv_budget import KVBudget
 from seatd.prefill_rows import KV_LAYERS, PrefillCost, RideCost, stack, stackable, take
 from seatd.rows_cache import SLACK, OneRow, Rider, RowsCache, lane_cache

@@ -36,7 +36,7 @@ import structlog
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models import cache as mlx_cache
 
-from seatd.decode import PREFILL_CHUNK, Resume, make_cache
+from seatd.engine_types import PREFILL_CHUNK, Resume, make_cache
 from seatd.prefix_cache import Entry, PrefixCache, Tally
 from shared.config import SeatConfig
 from shared.protocol import Generate

@@ -57,7 +57,7 @@ import structlog
 from mlx_lm.models import cache as mlx_cache
 
 from seatd import recurrent, rows_attention
-from seatd.decode import make_cache
+from seatd.engine_types import make_cache
 from seatd.kv_segments import SEGMENT_COST, merge_runs
 from seatd.prefill_rows import KV_LAYERS
 from seatd.rows_attention import Ragged, fold

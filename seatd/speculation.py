@@ -28,9 +28,9 @@ import structlog
 
 from seatd import recurrent
 from seatd.adaptive import DepthStats, RoundPolicy, choose_depth
-from seatd.decode import Speculation, make_cache
 from seatd.drafter_choice import LOOKUP_MAX_DEPTH, lookup_policy
 from seatd.drafters import MATCH_KEYS, LookupDrafter, ModelDrafter
+from seatd.engine_types import Speculation, make_cache
 from seatd.prompt_cache import OFF_VALUES
 from seatd.spec_costs import SpecCosts
 from shared.config import Config, SeatConfig, resolve_path

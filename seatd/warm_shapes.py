@@ -33,9 +33,9 @@ from typing import Any
 import structlog
 
 from seatd.adaptive import MAX_DEPTH, DepthStats
-from seatd.decode import Speculation
 from seatd.drafter_choice import LOOKUP_MAX_DEPTH
 from seatd.drafters import MATCH_CAP, LookupDrafter, ModelDrafter, match_key
+from seatd.engine_types import Speculation
 from seatd.kv_budget import KVBudget
 from shared.protocol import Generate, SamplingParams
 

@@ -35,7 +35,7 @@ from seatd.answer import seam
 from seatd.backend import backend, device_name, seat_environment
 from seatd.batch import Engine, RowCancelled, Work
 from seatd.counters import SeatCounters
-from seatd.decode import PREFILL_CHUNK, DecodeResult, output_width
+from seatd.engine_types import PREFILL_CHUNK, DecodeResult, output_width
 from seatd.fingerprint import (
     beside,
     fingerprint,

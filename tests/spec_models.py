@@ -38,7 +38,7 @@ def greedy_consistent(model: Any, prompt: Sequence[int], out: Sequence[int],
     not."""
     import mlx.core as mx
 
-    from seatd.decode import make_cache
+    from seatd.engine_types import make_cache
 
     ids = [*prompt, *out]
     logits = model(mx.array(ids[:-1], dtype=mx.uint32)[None], cache=make_cache(model, "fp16"))

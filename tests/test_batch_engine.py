@@ -12,8 +12,9 @@ import pytest
 
 from seatd.adaptive import DepthStats
 from seatd.batch import Engine, RowCancelled, Work
-from seatd.decode import DecodeResult, Resume, Speculation, decode, output_width
+from seatd.decode import decode
 from seatd.drafters import Draft, ModelDrafter
+from seatd.engine_types import DecodeResult, Resume, Speculation, output_width
 from seatd.kv_budget import KVBudget
 from seatd.sampling import Draws
 from shared.protocol import Generate, SamplingParams
@@ -280,7 +281,7 @@ def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
     arrived), so the batch fills at once.  A prompt arriving while those rows decode
     keeps to their pace, riding their steps.  Every answer is its own alone."""
     from seatd import batch
-    from seatd.decode import PREFILL_CHUNK
+    from seatd.engine_types import PREFILL_CHUNK
 
     model, tok, _ = pair
     # (rows, done, tokens, rows decoding, kept to their pace)

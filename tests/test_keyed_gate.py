@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from seatd.decode import make_cache, output_width
+from seatd.engine_types import make_cache, output_width
 from seatd.model_load import load_for_compute
 from seatd.sampling import Keyed, filter_logits
 from shared.protocol import SamplingParams

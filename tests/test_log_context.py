@@ -16,8 +16,8 @@ from structlog.testing import capture_logs
 
 from seatd.adaptive import DepthStats
 from seatd.batch import Engine, Work
-from seatd.decode import DecodeResult, Speculation, output_width
 from seatd.drafters import Draft, ModelDrafter
+from seatd.engine_types import DecodeResult, Speculation, output_width
 from seatd.kv_budget import KVBudget
 from seatd.sampling import Draws
 from seatd.shaping import Shaper

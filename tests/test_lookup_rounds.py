@@ -13,8 +13,8 @@ import pytest
 from seatd.adaptive import MAX_DEPTH, observe
 from seatd.batch import Engine, Work
 from seatd.counters import SeatCounters
-from seatd.decode import DecodeResult, output_width
 from seatd.drafters import LookupDrafter, ModelDrafter
+from seatd.engine_types import DecodeResult, output_width
 from seatd.kv_budget import KVBudget
 from seatd.speculation import SeatSpeculation
 from shared.config import parse_config

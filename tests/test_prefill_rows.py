@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 
 from seatd import prefill_rows
-from seatd.decode import make_cache
+from seatd.engine_types import make_cache
 from seatd.prefill_rows import (
     PrefillCost,
     RideCost,

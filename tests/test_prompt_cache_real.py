@@ -13,8 +13,9 @@ import pytest
 
 from seatd.adaptive import DepthStats
 from seatd.counters import SeatCounters
-from seatd.decode import PREFILL_CHUNK, DecodeResult, Speculation, decode
+from seatd.decode import decode
 from seatd.drafters import ModelDrafter
+from seatd.engine_types import PREFILL_CHUNK, DecodeResult, Speculation
 from seatd.kv_budget import KVBudget, row_bytes
 from seatd.model_load import load_for_compute
 from seatd.prompt_cache import SeatPromptCache

@@ -18,8 +18,9 @@ from mlx_lm.utils import load_tokenizer
 
 from seatd import dtype_check, recurrent
 from seatd.adaptive import MAX_DEPTH, DepthStats
-from seatd.decode import Speculation, decode, make_cache
+from seatd.decode import decode
 from seatd.drafters import ModelDrafter
+from seatd.engine_types import Speculation, make_cache
 from seatd.prompt_cache import trimmable
 from shared.builtin import resolve_model
 from shared.protocol import SamplingParams

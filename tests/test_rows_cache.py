@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.models import cache as mlx_cache
 
 from seatd import recurrent
-from seatd.decode import make_cache
+from seatd.engine_types import make_cache
 from seatd.kv_segments import SEGMENT_COST
 from seatd.rows_cache import OneRow, Rider, RowsCache, Unbatchable, lane_cache
 from tests.lanes import logits_close

@@ -10,8 +10,8 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from seatd.decode import output_width
 from seatd.drafters import ModelDrafter
+from seatd.engine_types import output_width
 from seatd.rows_drafter import Ask, RowsDrafter
 from seatd.sampling import draws_for
 from shared.protocol import SamplingParams

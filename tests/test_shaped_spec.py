@@ -17,8 +17,9 @@ import pytest
 
 from seatd.adaptive import DepthStats
 from seatd.batch import Engine, Work
-from seatd.decode import DecodeResult, Speculation, decode, make_cache, output_width
+from seatd.decode import decode
 from seatd.drafters import Draft, LookupDrafter, ModelDrafter
+from seatd.engine_types import DecodeResult, Speculation, make_cache, output_width
 from seatd.kv_budget import KVBudget
 from seatd.sampling import Draws
 from seatd.shaping import Matcher, Shaper

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from seatd.adaptive import DepthStats
-from seatd.decode import Speculation, decode, make_cache
+from seatd.decode import decode
 from seatd.drafters import ModelDrafter
+from seatd.engine_types import Speculation, make_cache
 from seatd.model_load import load_for_compute
 from seatd.speculation import SeatSpeculation, kill_switch
 from seatd.verify import draft_probs, verify_sampled

@@ -43,7 +43,7 @@ def test_the_plan_covers_every_width_in_both_bands() -> None:
 
 def test_the_warm_up_runs_each_planned_width_through_the_engine(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from seatd.decode import output_width
+    from seatd.engine_types import output_width
     from seatd.model_load import load_for_compute
 
     target = load_for_compute(target_dir(), None)

@@ -91,8 +91,9 @@ def decode_acceptance(
 ) -> dict[str, Any]:
     """Greedy speculation through seatd.decode at a pinned depth, counted over prompts."""
     from seatd.adaptive import DepthStats
-    from seatd.decode import Speculation, decode
+    from seatd.decode import decode
     from seatd.drafters import ModelDrafter
+    from seatd.engine_types import Speculation
     from shared.protocol import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)

@@ -491,7 +491,7 @@ class VerifyRoundArm(InProcessArm):
         from mlx_lm.models import cache as mlx_cache
 
         from seatd import recurrent
-        from seatd.decode import make_cache
+        from seatd.engine_types import make_cache
 
         self.calls[name] += 1
         w = self.workloads[name].salted(self.calls[name])

@@ -349,7 +349,7 @@ def rollback(opts: Options) -> Run:
     keep = max(1, width // 2)
     recorded = A.VerifyRoundArm(path, by_name, width, keep, rollback=True)
     if not any(getattr(c, "trail", None) is not None or type(c).__name__ == "RollbackArraysCache"
-               for c in __import__("seatd.decode", fromlist=["make_cache"]).make_cache(
+               for c in __import__("seatd.engine_types", fromlist=["make_cache"]).make_cache(
                    recorded.loaded.model, "fp16")):
         return not_measurable("rollback", title, "the model has no rollbackable recurrent "
                                "layers", model)

@@ -245,8 +245,8 @@ ADAPTIVE_PRIOR = (0.6,) * 6
 
 def speculation(drafter_model: Any, config: str) -> Any:
     from seatd.adaptive import MAX_DEPTH, DepthStats, RoundPolicy
-    from seatd.decode import Speculation
     from seatd.drafters import ModelDrafter
+    from seatd.engine_types import Speculation
 
     if config == "adaptive":
         return Speculation(ModelDrafter(drafter_model), MAX_DEPTH, DepthStats(),
@@ -289,7 +289,7 @@ def run_flips(models: Sequence[str], drafter: str, cases_for: Callable[[Any, str
               configs: Sequence[str], tokens: int,
               progress: Callable[[FlipRow], None] | None = None) -> list[FlipRow]:
     """Every case of every model, each against every speculative config."""
-    from seatd.decode import output_width
+    from seatd.engine_types import output_width
     from seatd.model_load import load_for_compute
     from shared.builtin import resolve_model
 

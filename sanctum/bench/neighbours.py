@@ -180,8 +180,8 @@ def decode_rows(loaded: Any, drafter_model: Any, cases: Sequence[Case], config: 
     `late` submits each case only once the cases before it decode or are done."""
     from seatd.adaptive import DepthStats
     from seatd.batch import Engine, Work
-    from seatd.decode import DecodeResult, Speculation, output_width
     from seatd.drafters import ModelDrafter
+    from seatd.engine_types import DecodeResult, Speculation, output_width
     from seatd.kv_budget import KVBudget
     from shared.protocol import Generate, SamplingParams
 
