@@ -106,7 +106,7 @@ class SeatCounters:
                 sub[label] = sub.get(label, 0) + n
 
     def speculation(self, report: Any, lane: str) -> None:
-        """Count what speculation did for one served request (a decode.SpecReport)."""
+        """Count what speculation did for one served request (an engine_types.SpecReport)."""
         state: str = report.state
         if state == "accelerated":
             self.inc("accelerated", lane=lane)
