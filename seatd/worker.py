@@ -284,9 +284,13 @@ class SeatWorker:
         width = output_width(got.model)
         if spec.kind is not None and spec.unusable is None and spec.rollback.get("fp16") \
                 and not kill_switch(self.seat) and warm_shapes.wanted(backend()):
-            # before the seat's engine: its figures start from compiled shapes
-            warm_shapes.warm_up(got.model, got.tokenizer, got.context_length, width,
-                                spec.drafter_model)
+            # before the seat's engine: its figures start from compiled shapes.  A
+            # warm-up that fails costs the first requests their compile, never the seat.
+            try:
+                warm_shapes.warm_up(got.model, got.tokenizer, got.context_length, width,
+                                    spec.drafter_model)
+            except Exception as exc:
+                log.warning("warm_up_failed", error=repr(exc))
         engine = Engine(got.model, got.tokenizer, got.context_length, width,
                         self.seat.max_batch, budget, self.progress)
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,

@@ -77,3 +77,35 @@ def test_a_proposing_lookup_always_finds_what_it_is_asked_for() -> None:
     assert lookup.find(3) == [5, 6, 7] and lookup.key == 16
     lookup.extend([42])  # a token no earlier text holds: still a full match
     assert lookup.find(4) == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_seat_on_a_gpu_warms_up_before_its_engine_and_loads_even_if_that_fails(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, fails: bool) -> None:
+    """The worker's load on a GPU backend (its name stood in for: this machine has no
+    GPU) runs the warm-up with the seat's drafter; a warm-up that raises is logged and
+    the seat loads and serves as it would have."""
+    from seatd import worker as worker_module
+    from seatd.worker import SeatWorker
+    from shared.config import parse_config
+
+    calls: list[Any] = []
+
+    def warm_up(model: Any, tokenizer: Any, context_length: int, width: int,
+                drafter_model: Any = None) -> warm_shapes.Warmed:
+        calls.append(drafter_model)
+        if fails:
+            raise RuntimeError("no kernel for this shape")
+        return warm_shapes.Warmed(0, 0, 0.0)
+
+    monkeypatch.setattr(worker_module, "backend", lambda: "cuda")
+    monkeypatch.setattr(warm_shapes, "warm_up", warm_up)
+    config = parse_config(
+        f'[seatd]\nstate_dir = "{tmp_path}"\n[[seat]]\nname = "demo"\n'
+        'model = "builtin:demo"\ndrafter = { kind = "model", path = "builtin:demo-drafter" }\n'
+        'kv = "fp16"\n[[route]]\nmodel = "demo"\nladder = ["demo"]\n')
+    seat = SeatWorker(config, config.seat_by_name("demo"))
+    loaded = seat.load()
+    assert loaded.engine is not None
+    assert len(calls) == 1 and calls[0] is loaded.speculation.drafter_model is not None
+    seat.mlx.shutdown(wait=False)
