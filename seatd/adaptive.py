@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from statistics import median
 
 from seatd.moving_average import moving
 
@@ -157,17 +158,10 @@ def round_times(s: DepthStats) -> tuple[float, ...] | None:
 def _line(measured: dict[int, float], points: Sequence[int]) -> Callable[[int], float]:
     """Theil-Sen's line through these depths' figures: the median of the slopes between
     them (at least 0), through the median intercept."""
-    slope = max(0.0, _median([(measured[j] - measured[i]) / (j - i)
-                              for n, i in enumerate(points) for j in points[n + 1:]]))
-    base = _median([measured[k] - slope * k for k in points])
+    slope = max(0.0, median([(measured[j] - measured[i]) / (j - i)
+                             for n, i in enumerate(points) for j in points[n + 1:]]))
+    base = median([measured[k] - slope * k for k in points])
     return lambda k: max(1e-9, base + slope * k)
-
-
-def _median(values: Sequence[float]) -> float:
-    n = len(values)
-    mid = n // 2
-    ordered = sorted(values)
-    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 @dataclass

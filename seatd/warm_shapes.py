@@ -43,8 +43,7 @@ log = structlog.get_logger()
 
 TEXT = ("Sanctum warms its shapes: one two three four five six seven eight nine ten "
         "eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen.")
-SAMPLED = SamplingParams(temperature=0.7, seed=0, max_tokens=1)
-GREEDY = SamplingParams(temperature=0.0, max_tokens=1)
+BANDS = ((0.0, None), (0.7, 0))  # (temperature, seed): greedy, and seeded sampling
 OFF_VALUES = frozenset({"0", "off", "false", "no"})
 
 
@@ -82,11 +81,10 @@ def plan(drafter: bool) -> list[tuple[str, int, SamplingParams]]:
     kinds = [("lookup", LOOKUP_MAX_DEPTH)] + ([("model", MAX_DEPTH)] if drafter else [])
     for kind, top in kinds:
         for depth in range(top, 0, -1):
-            for base in (GREEDY, SAMPLED):
+            for temperature, seed in BANDS:
                 # the round drafts `depth` tokens when at least depth + 2 are left
-                params = SamplingParams(temperature=base.temperature, seed=base.seed,
-                                        max_tokens=depth + 2)
-                runs.append((kind, depth, params))
+                runs.append((kind, depth, SamplingParams(temperature=temperature, seed=seed,
+                                                         max_tokens=depth + 2)))
     return runs
 
 
