@@ -122,7 +122,9 @@ CHEAP = tuple([0.020] + [0.022 + 0.002 * k for k in range(1, 7)])  # verify ~ a 
     (0.6, [(6, 6)] * 10, 6),  # the request keeps everything
     (0.6, [(3, 0)] * 10, 0),  # the request's drafts always fail: park
     (0.1, [], 0),  # a bad prior parks before trying
-    (0.1, [(2, 2)] * 20, 6),  # the request's own acceptance outweighs the prior
+    # the request's own acceptance outweighs the prior, as far as it borrows: it kept
+    # positions 1-2, so it hopes as much of 3-4 and no further (`borrows`)
+    (0.1, [(2, 2)] * 20, 4),
 ])
 def test_round_policy_follows_the_requests_own_acceptance(prior: float, history: list,
                                                           expected: int) -> None:
@@ -130,6 +132,23 @@ def test_round_policy_follows_the_requests_own_acceptance(prior: float, history:
     for drafted, kept in history:
         p.observe(drafted, kept)
     assert p.best() == expected
+
+
+def test_round_policy_borrows_no_further_than_twice_its_reach() -> None:
+    p = RoundPolicy((0.002,) * 16, (0.1,) * 15)
+    assert not any(p.borrows(i) for i in range(15))  # nothing tried: the prior
+    p.observe(3, 3)  # kept all three of a depth-3 round
+    assert [i for i in range(15) if p.borrows(i)] == [3, 4, 5]
+    assert p.accept(5) == p.accept(2) > p.accept(6) == 0.1
+    expected = p.expected_upto(8)
+    assert expected[6] - expected[5] == pytest.approx(p.accept(2) ** 6)
+    assert expected[7] - expected[6] == pytest.approx(p.accept(2) ** 6 * 0.1)
+    p.observe(6, 6)
+    assert [i for i in range(15) if p.borrows(i)] == [6, 7, 8, 9, 10, 11]
+    p.observe(12, 12)
+    assert [i for i in range(15) if p.borrows(i)] == [12, 13, 14]
+    p.observe(15, 2)  # a miss at position 3 is a figure of its own, no hope
+    assert not p.borrows(2) and p.accept(2) < p.accept(1)
 
 
 def test_round_policy_probes_a_positive_depth_while_parked() -> None:
@@ -177,3 +196,18 @@ def test_parked_bursts_pay_for_their_probes(parks: int, seconds: tuple[float, ..
     """A burst is long enough that a failed probe (the cheapest round, less the plain token
     it yields) costs at most PROBE_SHARE of the burst: measured times, not a count."""
     assert park_tokens(parks, seconds) == tokens
+
+
+@pytest.mark.parametrize("rounds", [
+    [], [(3, 3)], [(3, 1)], [(6, 6), (2, 0)], [(15, 2), (3, 3)], [(1, 1)] * 4 + [(5, 5)],
+])
+def test_expected_tokens_in_one_pass_agree_with_each_positions_acceptance(
+        rounds: list[tuple[int, int]]) -> None:
+    p = RoundPolicy((0.002,) * 16, tuple(0.3 + 0.04 * i for i in range(15)))
+    for drafted, kept in rounds:
+        p.observe(drafted, kept)
+    run, total = 1.0, [1.0]
+    for i in range(15):
+        run *= p.accept(i)
+        total.append(total[-1] + run)
+    assert p.expected_upto(15) == pytest.approx(total)
