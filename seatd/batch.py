@@ -70,7 +70,7 @@ import structlog
 from seatd import prefill_rows, recurrent
 from seatd.adaptive import DepthStats, RoundPolicy, observe, park_tokens
 from seatd.answer import Answer
-from seatd.batch_policy import StepCosts, paced, plan_step, ride_tokens
+from seatd.batch_policy import StepCosts, StepPlan, decide_step, paced, ride_tokens
 from seatd.drafter_choice import JUDGE_TOKENS, Choice, choose, trusts
 from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.engine_types import (
@@ -749,6 +749,10 @@ class Engine:
                 lane.drafter = None
 
     def _decode(self, lane: Lane) -> None:
+        """One step of a lane, in three parts: plan it (`_plan`: each row's draft depth,
+        from the rows' wishes and the seat's step costs), run its forward (a verify step
+        or a plain one), then take what it measured into the seat's figures
+        (`_measured`)."""
         B = len(lane.rows)
         if B > 1:
             for r in lane.rows:
@@ -756,25 +760,15 @@ class Engine:
         self._draft_rows(lane)
         with self.lock:
             self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
-        wants = [self._wanted(r) for r in lane.rows]
-        drafting = any(d for d, _ in wants)
-        # (asked only where it could decide: some row drafts, in a batch)
-        joining = drafting and B > 1 and any(self._prefill_time(g) is not None
-                                             for g in self.groups)
-        depths = plan_step(wants, B, self.costs, joining)
-        if drafting and not any(depths):
-            why = "prompt_joining" if joining else "batch_not_profitable"
-            for r, (d, _) in zip(lane.rows, wants, strict=True):
-                if d and r.report.state == "declined:no_proposal":
-                    r.report.state = f"declined:{why}"
+        plan = self._plan(lane)
         spec = lane.rows[0].work.spec if B == 1 else None
         costs = spec.costs if spec is not None else None
-        split = costs is not None and depths[0] > 0 and costs.due()
+        split = costs is not None and plan.depths[0] > 0 and costs.due()
         parts: tuple[float, float, int] | None = None
         started = time.perf_counter()
         try:
-            if any(depths):
-                parts = self._verify_step(lane, depths, started if split else None)
+            if plan.verify:
+                parts = self._verify_step(lane, list(plan.depths), started if split else None)
             else:
                 self._plain_step(lane)
         except Exception as exc:
@@ -786,45 +780,69 @@ class Engine:
             lane.cache.drop([])
             lane.drafter = None
             return
-        elapsed = time.perf_counter() - started
-        # A step a prompt rode, or the step after a plain one that did (a plain
-        # step's time is its forerunner's forward), is not the rows' own cost:
-        # speculation and pacing never read it; what the step took beyond the rows'
-        # own is the ride's.
+        self._measured(lane, B, plan, parts, time.perf_counter() - started)
+        self._leave(lane)
+
+    def _plan(self, lane: Lane) -> StepPlan:
+        """The lane's next step (`seatd.batch_policy.decide_step`); a row whose wish to
+        draft it passes over reports why, unless its report already says otherwise."""
+        B = len(lane.rows)
+        wants = [self._wanted(r) for r in lane.rows]
+        # (asked only where it could decide: some row drafts, in a batch)
+        joining = any(d for d, _ in wants) and B > 1 and any(
+            self._prefill_time(g) is not None for g in self.groups)
+        plan = decide_step(wants, B, self.costs, joining)
+        for b, why in plan.declines:
+            row = lane.rows[b]
+            if row.report.state == "declined:no_proposal":
+                row.report.state = f"declined:{why}"
+        return plan
+
+    def _measured(self, lane: Lane, B: int, plan: StepPlan,
+                  parts: tuple[float, float, int] | None, elapsed: float) -> None:
+        """A step's time into the seat's step costs and, for a request alone, into its
+        speculation figures.  A step a prompt rode, or the step after a plain one that
+        did (a plain step's time is its forerunner's forward), is not the rows' own cost:
+        speculation and pacing never read it; what the step took beyond the rows' own is
+        the ride's.  `B`: the rows the step began with."""
         own = self._aboard is None and lane.rode is None
-        width = max(depths) + 1 if any(depths) else 1
-        base = self.costs.time(B, width)
+        base = self.costs.time(B, plan.width)
         if lane.rode is not None:  # a plain step's time is its forerunner's forward
-            if width == 1 and base is not None:
+            if plan.width == 1 and base is not None:
                 lane.rode.added = max(0.0, elapsed - base)
                 self._ride_measured(lane.rode)
             lane.rode = None
         if self._aboard is not None:
-            if width == 1:
+            if plan.width == 1:
                 lane.rode = self._aboard
             elif base is not None:  # a verify step waits for its own forward
                 self._aboard.added = max(0.0, elapsed - base)
         # Counted either way: a probe of the other kind of step is due by steps taken.
-        self.costs.observe(B, width, elapsed if own else None)
+        self.costs.observe(B, plan.width, elapsed if own else None)
         if own:
             lane.step_s = elapsed if lane.step_s is None else 0.8 * lane.step_s + 0.2 * elapsed
-        # A request alone: its round times are the seat's figures.
-        if B == 1 and lane.rows and own:
-            row = lane.rows[0]
-            if costs is not None and parts is not None and parts[2] > 1:
-                by_lookup = row.by_lookup or getattr(spec.drafter if spec is not None else None,
-                                                     "name", "") == "lookup"
-                costs.observe_round(parts[2] - 1, parts[0], parts[1], elapsed, by_lookup)
-            elif costs is not None and not depths[0] and row.speculating:
-                costs.observe_plain(elapsed)
-            if spec is not None and (row.speculating
-                                     or row.report.state == "declined:not_profitable"):
-                stats = self._figures(row, spec)[0] if depths[0] else spec.stats
-                if stats is not None and not (depths[0] and not row.drafted):
-                    # a verify step that drafted nothing is no round of any depth
-                    observe(stats, row.drafted if depths[0] else 0,
-                            row.last_kept if depths[0] else 0, elapsed)
-        self._leave(lane)
+        if B == 1 and lane.rows and own:  # a request alone: its round times are its seat's
+            self._alone_measured(lane.rows[0], plan, parts, elapsed)
+
+    def _alone_measured(self, row: Row, plan: StepPlan, parts: tuple[float, float, int] | None,
+                        elapsed: float) -> None:
+        """A request alone's step into its seat's cost model and depth figures."""
+        spec = row.work.spec
+        if spec is None:
+            return
+        drafted = plan.depths[0] > 0
+        costs = spec.costs
+        if costs is not None and parts is not None and parts[2] > 1:
+            by_lookup = row.by_lookup or getattr(spec.drafter, "name", "") == "lookup"
+            costs.observe_round(parts[2] - 1, parts[0], parts[1], elapsed, by_lookup)
+        elif costs is not None and not drafted and row.speculating:
+            costs.observe_plain(elapsed)
+        if row.speculating or row.report.state == "declined:not_profitable":
+            stats = self._figures(row, spec)[0] if drafted else spec.stats
+            if stats is not None and not (drafted and not row.drafted):
+                # a verify step that drafted nothing is no round of any depth
+                observe(stats, row.drafted if drafted else 0,
+                        row.last_kept if drafted else 0, elapsed)
 
     def _wanted(self, row: Row) -> tuple[int, float]:
         """(depth, expected tokens) of this row's next round as its own policy sees it;

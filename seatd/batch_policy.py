@@ -4,6 +4,8 @@ Pure, with the seat's measured step times passed in (`StepCosts`, moving average
 by batch size and tokens per row, drafting included in a verify step's time):
 
     plan_step(wants, batch, costs, joining) -> depth per row (all 0: a plain step)
+    decide_step(wants, batch, costs, joining) -> StepPlan   the depths, and the rows whose
+                                   wish to draft the step passed over, with the reason
     paced(arrived, began)          whether a joining group keeps to the decoding rows' pace
     ride_tokens(ride, own, limit, n, first)   a joining prompt's tokens riding a step
 
@@ -109,6 +111,35 @@ def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts,
     if costs.plain_since_probe.get(size_class(batch), 0) >= PROBE_EVERY:
         return depths
     return [0] * len(wants)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """A lane's next decode step, decided before it runs: each row's draft depth (all 0:
+    a plain step), and the rows that wished to draft but step plainly, with the reason
+    their reports take (`prompt_joining`, `batch_not_profitable`)."""
+
+    depths: tuple[int, ...]
+    declines: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def verify(self) -> bool:
+        return any(self.depths)
+
+    @property
+    def width(self) -> int:
+        """Tokens each row's forward takes: 1 + the deepest draft."""
+        return 1 + max(self.depths, default=0)
+
+
+def decide_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts,
+                joining: bool = False) -> StepPlan:
+    """`plan_step`'s depths as a plan, with the rows it passed over named.  Pure."""
+    depths = tuple(plan_step(wants, batch, costs, joining))
+    if any(depths) or not any(d for d, _ in wants):
+        return StepPlan(depths)
+    why = "prompt_joining" if joining else "batch_not_profitable"
+    return StepPlan(depths, tuple((b, why) for b, (d, _) in enumerate(wants) if d))
 
 
 def paced(arrived: int, began: Sequence[int]) -> bool:

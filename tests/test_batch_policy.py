@@ -8,6 +8,8 @@ import pytest
 from seatd.batch_policy import (
     PROBE_EVERY,
     StepCosts,
+    StepPlan,
+    decide_step,
     paced,
     plan_step,
     ride_tokens,
@@ -64,6 +66,23 @@ def test_plan_step(wants: list[tuple[int, float]], batch: int, c: StepCosts,
 def test_plan_step_while_a_prompt_joins(wants: list[tuple[int, float]], batch: int,
                                         c: StepCosts, expected: list[int], why: str) -> None:
     assert plan_step(wants, batch, c, joining=True) == expected, why
+
+
+@pytest.mark.parametrize(("wants", "batch", "c", "joining", "plan"), [
+    ([(0, 1.0), (0, 1.0)], 2, costs(p2=0.02), False, StepPlan((0, 0))),
+    ([(3, 2.5), (0, 1.0)], 2, costs(p2=0.02, v2_4=0.03), False, StepPlan((3, 0))),
+    ([(3, 2.5), (2, 2.0)], 2, costs(p2=0.02, v2_4=0.05), False,
+     StepPlan((0, 0), ((0, "batch_not_profitable"), (1, "batch_not_profitable")))),
+    ([(0, 1.0), (2, 2.0)], 2, costs(p2=0.02), True, StepPlan((0, 0), ((1, "prompt_joining"),))),
+    ([(3, 2.5)], 1, costs(), True, StepPlan((3,))),
+])
+def test_a_step_plan_names_the_rows_it_passes_over(
+        wants: list[tuple[int, float]], batch: int, c: StepCosts, joining: bool,
+        plan: StepPlan) -> None:
+    got = decide_step(wants, batch, c, joining)
+    assert got == plan
+    assert list(got.depths) == plan_step(wants, batch, c, joining)
+    assert got.width == 1 + max(got.depths) and got.verify == any(got.depths)
 
 
 def test_a_probe_due_while_a_prompt_joins_comes_once_it_has_joined() -> None:

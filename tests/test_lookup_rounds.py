@@ -12,6 +12,7 @@ import pytest
 
 from seatd.adaptive import MAX_DEPTH, observe
 from seatd.batch import Engine, Work
+from seatd.batch_policy import StepPlan
 from seatd.counters import SeatCounters
 from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.engine_types import DecodeResult, output_width
@@ -156,8 +157,8 @@ def test_rows_batched_together_draft_by_lookup_and_keep_their_bytes(
                         observe(stats, drafted, kept, None))  # acceptance, not time
     # ... and the batch verifies whenever its rows draft: whether a verify step pays at
     # 2 rows is the engine's measured step times (seatd.batch_policy), this machine's load.
-    monkeypatch.setattr(batch, "plan_step", lambda wants, size, costs, joining=False:
-                        [d for d, _ in wants])
+    monkeypatch.setattr(batch, "decide_step", lambda wants, size, costs, joining=False:
+                        StepPlan(tuple(d for d, _ in wants)))
     together = answers(target, spec, params, prompts)
     for got, want in zip(together, alone, strict=True):
         assert got.token_ids == want.token_ids
