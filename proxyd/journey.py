@@ -38,6 +38,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import msgspec
@@ -108,6 +109,38 @@ def constraint(gen: Generate) -> str | None:
     return None
 
 
+@dataclass
+class Held:
+    """A sync answer's parts from one rung, held until its final frame (a stream sends
+    each chunk on as it comes)."""
+
+    texts: list[str] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def take(self, frame: Chunk, segment: Segment, answer: Answer) -> None:
+        self.texts.append(frame.text)
+        self.calls.extend(frame.tool_calls)
+        self.logprobs.extend(frame.logprobs)
+        segment.tokens = max(segment.tokens, frame.completion_tokens)
+        answer.served = frame.served_if_ok
+        answer.speculation = frame.speculation or answer.speculation
+        answer.fingerprint = frame.fingerprint or answer.fingerprint
+
+
+@dataclass
+class Try:
+    """One rung's try, as `Journey._try` leaves it: whether the journey ends with it
+    (answered, stopped, or the client left), and the rung that broke the answer (a
+    failure after the commit point), carried to the next try."""
+
+    name: str
+    segment: Segment
+    broke: tuple[str, Failed | Rejected] | None
+    held: Held = field(default_factory=Held)
+    ended: bool = False
+
+
 class Journey:
     def __init__(self, proxy: Proxy, route: RouteConfig, gen: Generate,
                  offbox_header: str | None, gone: Callable[[], bool]) -> None:
@@ -153,16 +186,16 @@ class Journey:
                          sum(seg.tokens for seg in self.segments), hosted)
 
     async def events(self) -> AsyncGenerator[Event, None]:
-        proxy, counters = self.proxy, self.proxy.counters
-        rid, stream = self.gen.request_id, self.gen.stream
+        """The journey down the ladder: each allowed rung tried in turn (`take_rung`
+        says whether and how it is asked), its frames taken as one try (`_try`), until
+        one answers, a step ends the journey, or no rung is left."""
+        rid = self.gen.request_id
         memo: dict[Any, int] = {}
         answer: Answer | None = None
         broke: tuple[str, Failed | Rejected] | None = None  # the last rung that failed
         over_cap: list[dict[str, str | int]] = []  # continuations too long for a rung
         for i, name in enumerate(self.plan.rungs):
             self.seat = name
-            seat_cfg = proxy.seats[name]
-            client = proxy.clients[name]
             taken = await self.take_rung(i, name, memo, over_cap)
             if taken is Waited.GONE:
                 return
@@ -172,74 +205,16 @@ class Journey:
             gen, verdict, pong, probe = taken
             if answer is None:
                 answer = Answer(rid, name, self.created)
-            segment = Segment(name, tokenizer=pong.tokenizer_hash if pong else "",
-                              ids=[] if pong else None)
-            texts: list[str] = []
-            calls: list[ToolCall] = []
-            logprobs: list[TokenLogprob] = []
-            # An attempt also ends when the client leaves while it waits (a local seat's
-            # queue place, prefill or next chunk; a hosted rung's back-off).  A rung's
-            # half-open probe is one try.
-            frames = client.frames(gen, seat_cfg.first_token_s, seat_cfg.stall_s,
-                                   gone=self.gone, tries=1 if probe else None)
-            async with aclosing(frames) as it:
-                async for frame in it:
-                    if type(frame) is Chunk:
-                        if not stream:
-                            texts.append(frame.text)
-                            calls.extend(frame.tool_calls)
-                            logprobs.extend(frame.logprobs)
-                            segment.tokens = max(segment.tokens, frame.completion_tokens)
-                            answer.served = frame.served_if_ok
-                            answer.speculation = frame.speculation or answer.speculation
-                            answer.fingerprint = frame.fingerprint or answer.fingerprint
-                            if self.gone():
-                                self.left()
-                                return
-                            continue
-                        if not self.committed:
-                            if self.gone():
-                                self.left()
-                                return
-                            # Committing to this seat: it begins the answer.  Its attempt
-                            # has not ended, so the header says so.
-                            self.note(answer, name, frame)
-                            answer.attempts = attempts_header(self.attempts, streaming=name)
-                            self.committed = True
-                            yield Commit(answer)
-                        else:
-                            if segment not in self.segments:
-                                # The first text of a continuing rung: the seam.
-                                assert broke is not None
-                                self.seam(broke, name)
-                            self.note(answer, name, frame)
-                        yield self.text(segment, frame)
-                        continue
-                    if isinstance(frame, Retry):
-                        # A hosted rung tries again: the failed try is listed, never served.
-                        self.attempts.append((name, frame.outcome))
-                        counters.inc("attempts", name, "failed")
-                        continue
-                    assert isinstance(frame, Final)
-                    step, outcome = self.end_attempt(name, frame, segment)
-                    if step is Step.NEXT_RUNG:
-                        break
-                    if step is Step.RETURN_ERROR:
-                        assert isinstance(outcome, Rejected)
-                        self.refuse(name, outcome, verdict)
-                    if step is Step.CONTINUE:
-                        assert isinstance(outcome, Failed | Rejected)
-                        # A rung that could not continue before sending any of its own
-                        # text (it refused the prefill, or failed) did not break the
-                        # answer: the error to report stays the one of the rung that did.
-                        if segment in self.segments:
-                            broke = (name, outcome)
-                        break
-                    if step is Step.STOP:
-                        return
-                    # DONE
-                    yield self.done(answer, name, segment, frame, texts, calls, logprobs)
-                    return
+            now = Try(name, Segment(name, tokenizer=pong.tokenizer_hash if pong else "",
+                                    ids=[] if pong else None), broke)
+            # closed with the journey: a client that leaves mid-answer cancels the rung's
+            # work at once (`aclosing` closes its frames)
+            async with aclosing(self._try(now, answer, gen, verdict, probe)) as attempt:
+                async for event in attempt:
+                    yield event
+            if now.ended:
+                return
+            broke = now.broke
             if not self.committed:
                 self.segments.clear()  # nothing of a failed sync attempt is kept
         if self.committed:
@@ -249,6 +224,67 @@ class Journey:
             yield self.abort(answer, broke, over_cap)
             return
         self.conclude()  # every allowed rung failed or was skipped; nothing was sent
+
+    async def _try(self, now: Try, answer: Answer, gen: Generate, verdict: Verdict,
+                   probe: bool) -> AsyncGenerator[Event, None]:
+        """One rung's try: its frames, until its final one says what its end means
+        (`end_attempt`).  `now` is left saying whether the journey ends with it and
+        which rung broke the answer."""
+        name, segment = now.name, now.segment
+        seat_cfg, client = self.proxy.seats[name], self.proxy.clients[name]
+        # An attempt also ends when the client leaves while it waits (a local seat's
+        # queue place, prefill or next chunk; a hosted rung's back-off).  A rung's
+        # half-open probe is one try.
+        frames = client.frames(gen, seat_cfg.first_token_s, seat_cfg.stall_s,
+                               gone=self.gone, tries=1 if probe else None)
+        async with aclosing(frames) as it:
+            async for frame in it:
+                if type(frame) is Chunk:
+                    if not self.gen.stream:
+                        now.held.take(frame, segment, answer)
+                    elif not self.committed:
+                        if not self.gone():
+                            # Committing to this seat: it begins the answer.  Its attempt
+                            # has not ended, so the header says so.
+                            self.note(answer, name, frame)
+                            answer.attempts = attempts_header(self.attempts, streaming=name)
+                            self.committed = True
+                            yield Commit(answer)
+                    else:
+                        if segment not in self.segments:
+                            # The first text of a continuing rung: the seam.
+                            assert now.broke is not None
+                            self.seam(now.broke, name)
+                        self.note(answer, name, frame)
+                    if not self.committed and self.gone():
+                        self.left()
+                        now.ended = True
+                        return
+                    if self.gen.stream:
+                        yield self.text(segment, frame)
+                    continue
+                if isinstance(frame, Retry):
+                    # A hosted rung tries again: the failed try is listed, never served.
+                    self.attempts.append((name, frame.outcome))
+                    self.proxy.counters.inc("attempts", name, "failed")
+                    continue
+                assert isinstance(frame, Final)
+                step, outcome = self.end_attempt(name, frame, segment)
+                if step is Step.RETURN_ERROR:
+                    assert isinstance(outcome, Rejected)
+                    self.refuse(name, outcome, verdict)
+                if step is Step.CONTINUE:
+                    assert isinstance(outcome, Failed | Rejected)
+                    # A rung that could not continue before sending any of its own
+                    # text (it refused the prefill, or failed) did not break the
+                    # answer: the error to report stays the one of the rung that did.
+                    if segment in self.segments:
+                        now.broke = (name, outcome)
+                if step is Step.DONE:
+                    yield self.done(answer, name, segment, frame, now.held.texts,
+                                    now.held.calls, now.held.logprobs)
+                now.ended = step in (Step.DONE, Step.STOP)
+                return
 
     async def take_rung(self, i: int, name: str, memo: dict[Any, int],
                         over_cap: list[dict[str, str | int]]
