@@ -158,16 +158,10 @@ def lane_key(work: Work) -> str:
 
 
 @dataclass
-class Row:
-    work: Work
-    params: SamplingParams
-    draws: Draws
-    answer: Answer
-    report: SpecReport
-    feed: mx.array | None = None  # (1,) the token it is fed next
-    unread: bool = False  # `feed` is an answer token the host has not taken yet
-    issued: int = 0  # answer tokens computed (taken or in flight)
-    start: int = 0  # answer tokens before this seat's (a continued answer's prefix)
+class Drafting:
+    """A row's speculation as it goes, round by round: the engine's own state of it
+    (how the request may speculate, decided before it started, is `Work.spec`)."""
+
     speculating: bool = False
     drafter_in: bool = False  # its drafter has the prompt
     last_kept: int = 0
@@ -180,6 +174,20 @@ class Row:
     park_left: int = 0  # plain tokens left in a parked burst (`seatd.adaptive`)
     parks: int = 0  # parked bursts in a row whose probe did not bring it back to drafting
     probe: bool = False  # a probe round is due after the burst
+
+
+@dataclass
+class Row:
+    work: Work
+    params: SamplingParams
+    draws: Draws
+    answer: Answer
+    report: SpecReport
+    feed: mx.array | None = None  # (1,) the token it is fed next
+    unread: bool = False  # `feed` is an answer token the host has not taken yet
+    issued: int = 0  # answer tokens computed (taken or in flight)
+    start: int = 0  # answer tokens before this seat's (a continued answer's prefix)
+    draft: Drafting = field(default_factory=Drafting)
     shaper: Shaper | None = None  # None: nothing to shape (`seatd.shaping`)
     top: int | None = None  # log-probabilities asked for, with this many alternatives
     feed_lp: tuple[mx.array, ...] | None = None  # `logprob_arrays` of an unread feed
@@ -453,7 +461,7 @@ class Engine:
                         begin(work.prompt)
                     if spec.lookup is not None:
                         spec.lookup.start(work.prompt)
-                    row.speculating = True
+                    row.draft.speculating = True
                 except Exception as exc:  # a drafter's fault is a decline
                     log.warning("drafter_failed", error=repr(exc),
                                 request_id=work.request.request_id)
@@ -689,19 +697,20 @@ class Engine:
         target prefill is in before its drafter's decodes plainly until it is); True
         when it has it (or the row does not speculate)."""
         spec = row.work.spec
-        if row.drafter_in or not row.speculating or spec is None or spec.drafter is None:
+        if row.draft.drafter_in or not row.draft.speculating or spec is None \
+                or spec.drafter is None:
             return True
         advance = getattr(spec.drafter, "advance", None)
         try:
             if advance is None:
                 spec.drafter.start(row.work.prompt)
-                row.drafter_in = True
+                row.draft.drafter_in = True
             else:
-                row.drafter_in = bool(advance(budget))
-            return row.drafter_in
+                row.draft.drafter_in = bool(advance(budget))
+            return row.draft.drafter_in
         except Exception as exc:  # a drafter's fault is a decline
             log.warning("drafter_failed", error=repr(exc), request_id=row.rid)
-            row.speculating = False
+            row.draft.speculating = False
             row.report.state = "declined:drafter_error"
             return True
 
@@ -728,7 +737,8 @@ class Engine:
             # Exactly ModelDrafter: a subclass may draft its own way.
             # A grammar's masks need each drafted token on the host: such a row drafts
             # alone, where its own drafter steps through them.
-            if row.speculating and row.drafter_in and isinstance(drafter, ModelDrafter) \
+            if row.draft.speculating and row.draft.drafter_in \
+                    and isinstance(drafter, ModelDrafter) \
                     and type(drafter) is ModelDrafter and row.grammar is None:
                 ready.append((row, drafter))
         if lane.drafter is None and len(ready) < 2:
@@ -744,7 +754,7 @@ class Engine:
 
     def _drafters_keep(self, lane: Lane) -> None:
         if lane.drafter is not None:
-            lane.drafter.keep([r.rid for r in lane.rows if r.speculating])
+            lane.drafter.keep([r.rid for r in lane.rows if r.draft.speculating])
             if not lane.drafter.members:
                 lane.drafter = None
 
@@ -833,16 +843,16 @@ class Engine:
         drafted = plan.depths[0] > 0
         costs = spec.costs
         if costs is not None and parts is not None and parts[2] > 1:
-            by_lookup = row.by_lookup or getattr(spec.drafter, "name", "") == "lookup"
+            by_lookup = row.draft.by_lookup or getattr(spec.drafter, "name", "") == "lookup"
             costs.observe_round(parts[2] - 1, parts[0], parts[1], elapsed, by_lookup)
-        elif costs is not None and not drafted and row.speculating:
+        elif costs is not None and not drafted and row.draft.speculating:
             costs.observe_plain(elapsed)
-        if row.speculating or row.report.state == "declined:not_profitable":
+        if row.draft.speculating or row.report.state == "declined:not_profitable":
             stats = self._figures(row, spec)[0] if drafted else spec.stats
-            if stats is not None and not (drafted and not row.drafted):
+            if stats is not None and not (drafted and not row.draft.drafted):
                 # a verify step that drafted nothing is no round of any depth
-                observe(stats, row.drafted if drafted else 0,
-                        row.last_kept if drafted else 0, elapsed)
+                observe(stats, row.draft.drafted if drafted else 0,
+                        row.draft.last_kept if drafted else 0, elapsed)
 
     def _wanted(self, row: Row) -> tuple[int, float]:
         """(depth, expected tokens) of this row's next round as its own policy sees it;
@@ -850,41 +860,42 @@ class Engine:
         (`seatd.adaptive.park_tokens`), then a probe round, as a request alone does
         (`seatd.decode`).  A row with a lookup
         drafter beside its model drafter drafts by lookup in a round where that is
-        expected to pay more (`seatd.drafter_choice`), parked or not; `row.by_lookup`
+        expected to pay more (`seatd.drafter_choice`), parked or not; `row.draft.by_lookup`
         says which drafted.  A lookup drafting alone (its seat's model drafter parked)
         takes no bursts: each step, the depth its match's class pays best, or a plain
         token (`_lookup_alone`)."""
-        row.by_lookup = False
+        row.draft.by_lookup = False
         spec = row.work.spec
-        if not row.speculating or spec is None or spec.drafter is None:
+        if not row.draft.speculating or spec is None or spec.drafter is None:
             return 0, 1.0
         room = min(row.answer.budget - row.issued,
                    self.context_length - len(row.work.prompt) - (row.issued - row.start)) - 1
-        if not row.drafter_in:  # its drafter is still taking the prompt
+        if not row.draft.drafter_in:  # its drafter is still taking the prompt
             self._drafter_prefill(row, self._catch_up_tokens())
-            return self._lookup_only(row, room) if row.speculating else (0, 1.0)
+            return self._lookup_only(row, room) if row.draft.speculating else (0, 1.0)
         if isinstance(spec.drafter, LookupDrafter) and spec.lookup_policies is not None:
             return self._lookup_alone(row, room)
         policy = spec.policy
         if policy is None:
             want = spec.depth
-        elif row.park_left > 0:
-            row.park_left -= 1
+        elif row.draft.park_left > 0:
+            row.draft.park_left -= 1
             return self._lookup_only(row, room)
         else:
-            lowest = 1 if row.probe else 0
-            row.probe = False
+            lowest = 1 if row.draft.probe else 0
+            row.draft.probe = False
             choice = self._by_lookup(row, policy, lowest, room)
             # The model's best depth, as the choice found it where it made one.
             want = (choice.depth if choice is not None
                     else min(spec.depth, policy.best(lowest=lowest)))
-            if not lowest and (row.by_lookup or want > 0):  # drafting by its own choice
-                row.parks = 0
-            if choice is not None and row.by_lookup:
+            if not lowest and (row.draft.by_lookup or want > 0):  # drafting by its own choice
+                row.draft.parks = 0
+            if choice is not None and row.draft.by_lookup:
                 return choice.depth, choice.expected
             if want == 0:
-                row.park_left, row.probe = park_tokens(row.parks, policy.seconds) - 1, True
-                row.parks += 1
+                row.draft.park_left = park_tokens(row.draft.parks, policy.seconds) - 1
+                row.draft.probe = True
+                row.draft.parks += 1
                 return 0, 1.0
         depth = max(0, min(want, room))
         if isinstance(spec.drafter, LookupDrafter) and depth:
@@ -899,7 +910,7 @@ class Engine:
         """A lookup round where it beats a plain token (the model drafter cannot draft
         now), else a plain token."""
         choice = self._by_lookup(row, None, 0, room)
-        return (choice.depth, choice.expected) if choice is not None and row.by_lookup \
+        return (choice.depth, choice.expected) if choice is not None and row.draft.by_lookup \
             else (0, 1.0)
 
     def _lookup_alone(self, row: Row, room: int) -> tuple[int, float]:
@@ -922,16 +933,16 @@ class Engine:
         k = policy.best(0, len(follow)) \
             if trusts(lookup.key, policies, spec.lookup_trusted) else 0
         if k == 0:
-            if row.shadow is None:
-                row.shadow = (lookup.key, len(lookup.context), follow)
+            if row.draft.shadow is None:
+                row.draft.shadow = (lookup.key, len(lookup.context), follow)
             return 0, 1.0
-        row.shadow = None
+        row.draft.shadow = None
         return k, policy.expected(k)
 
     def _by_lookup(self, row: Row, model: RoundPolicy | None, lowest: int,
                    room: int) -> Choice | None:
         """The round's choice between the model (`model`; None: plain only) and the
-        lookup, `row.by_lookup` set where it falls on the lookup; None where the lookup
+        lookup, `row.draft.by_lookup` set where it falls on the lookup; None where the lookup
         has nothing to offer (no drafter, no match, its first match judged only).
 
         A match the choice passes over is still judged: once the answer has gone past
@@ -941,7 +952,7 @@ class Engine:
         text turns into a copy."""
         spec = row.work.spec
         if spec is None or spec.lookup is None or not spec.lookup_policies or room < 1 \
-                or not row.speculating:
+                or not row.draft.speculating:
             return None
         lookup = spec.lookup
         try:
@@ -967,11 +978,11 @@ class Engine:
         # decision is a token behind; the round drafts from the context the verify
         # sees, and its figures count what it drafted (`_verify_step`).
         if choice is None or choice.source != "lookup":
-            if row.shadow is None:
-                row.shadow = (lookup.key, len(lookup.context), follow)
+            if row.draft.shadow is None:
+                row.draft.shadow = (lookup.key, len(lookup.context), follow)
             return choice
-        row.shadow = None
-        row.by_lookup = True
+        row.draft.shadow = None
+        row.draft.by_lookup = True
         return choice
 
     @staticmethod
@@ -981,9 +992,9 @@ class Engine:
         all of it, or, where the request does not trust its class yet, its first
         JUDGE_TOKENS tokens (a copy then drafts from the next step on, not only after
         the answer went past the whole match; `seatd.drafter_choice.trusts`)."""
-        if row.shadow is None:
+        if row.draft.shadow is None:
             return
-        key, at, follow = row.shadow
+        key, at, follow = row.draft.shadow
         actual = lookup.context[at : at + len(follow)]
         kept = 0
         while kept < len(actual) and actual[kept] == follow[kept]:
@@ -992,7 +1003,7 @@ class Engine:
             else min(len(follow), JUDGE_TOKENS)
         if kept == len(actual) and len(actual) < enough:
             return  # all it has seen held: wait for the rest
-        row.shadow = None
+        row.draft.shadow = None
         # All it saw held: a round of that depth that kept everything, nothing missed.
         depth = len(follow) if kept < len(actual) else len(actual)
         if key in policies:
@@ -1117,7 +1128,7 @@ class Engine:
                 return
             self._accept(row, token, lps[i] if lps is not None else None)
             spec = row.work.spec
-            if row.speculating and spec is not None and spec.drafter is not None \
+            if row.draft.speculating and spec is not None and spec.drafter is not None \
                     and len(tokens) == 1:
                 try:
                     spec.drafter.plain(token)
@@ -1125,7 +1136,7 @@ class Engine:
                         spec.lookup.plain(token)
                 except Exception as exc:
                     log.warning("drafter_failed", error=repr(exc), request_id=row.rid)
-                    row.speculating = False
+                    row.draft.speculating = False
                     row.report.state = "declined:drafter_error"
 
     def _verify_step(self, lane: Lane, depths: list[int],
@@ -1190,9 +1201,9 @@ class Engine:
             draft = together.get(r.rid)
             spec = r.work.spec
             if draft is None and k > 0 and spec is not None and spec.drafter is not None \
-                    and r.speculating \
-                    and (r.by_lookup or lane.drafter is None or r.rid not in lane.drafter):
-                drafter = spec.lookup if r.by_lookup and spec.lookup is not None \
+                    and r.draft.speculating \
+                    and (r.draft.by_lookup or lane.drafter is None or r.rid not in lane.drafter):
+                drafter = spec.lookup if r.draft.by_lookup and spec.lookup is not None \
                     else spec.drafter
                 try:
                     if r.shaper is not None:
@@ -1202,15 +1213,16 @@ class Engine:
                         draft = drafter.propose(k, r.params, r.draws, r.issued)
                 except Exception as exc:  # a drafter's fault is a decline, never a failure
                     log.warning("drafter_failed", error=repr(exc), request_id=r.rid)
-                    r.speculating = False
+                    r.draft.speculating = False
                     r.report.state = "declined:drafter_error"
                     draft = None
             draft = draft if draft is not None and draft.k > 0 else None
             drafts.append(draft)
-            r.drafted = draft.k if draft is not None else 0
-            lookup = (spec.lookup if r.by_lookup else spec.drafter) if spec is not None else None
+            r.draft.drafted = draft.k if draft is not None else 0
+            lookup = ((spec.lookup if r.draft.by_lookup else spec.drafter) if spec is not None
+                      else None)
             if isinstance(lookup, LookupDrafter):
-                r.lookup_key = lookup.key  # of the match it drafted from
+                r.draft.lookup_key = lookup.key  # of the match it drafted from
         return drafts
 
     def _cut(self, rows: list[Row], drafts: list[Any]
@@ -1282,7 +1294,7 @@ class Engine:
                 assert spec.drafter is not None
                 try:
                     tokens = out[:-1] + [0] * (d.k - kept)
-                    if r.by_lookup and spec.lookup is not None:
+                    if r.draft.by_lookup and spec.lookup is not None:
                         spec.lookup.settle(kept, d.k, out[-1], tokens)
                         for token in out:  # the model drafter takes them with its next draft
                             spec.drafter.plain(token)
@@ -1290,11 +1302,11 @@ class Engine:
                         lane.drafter.settle(r.rid, kept, d.k, out[-1], tokens)
                     else:
                         spec.drafter.settle(kept, d.k, out[-1], tokens)
-                    if not r.by_lookup and spec.lookup is not None:
+                    if not r.draft.by_lookup and spec.lookup is not None:
                         spec.lookup.settle(kept, d.k, out[-1], tokens)
                 except Exception as exc:
                     log.warning("drafter_failed", error=repr(exc), request_id=r.rid)
-                    r.speculating = False
+                    r.draft.speculating = False
                     r.report.state = "declined:drafter_error"
                 for token, lp in zip(out, lps, strict=True):
                     if r.answer.done:
@@ -1323,7 +1335,7 @@ class Engine:
             return {}
         asks = {r.rid: Ask(k, r.params, r.draws, r.issued, r.shaper)
                 for r, k in zip(lane.rows, depths, strict=True)
-                if k > 0 and not r.answer.done and not r.by_lookup and r.rid in lane.drafter}
+                if k > 0 and not r.answer.done and not r.draft.by_lookup and r.rid in lane.drafter}
         if not asks:
             return {}
         try:
@@ -1333,30 +1345,31 @@ class Engine:
                         request_ids=list(asks))
             for r in lane.rows:
                 if r.rid in lane.drafter:
-                    r.speculating = False
+                    r.draft.speculating = False
                     r.report.state = "declined:drafter_error"
             lane.drafter, lane.drafter_off = None, True
             return {}
 
     def _account(self, row: Row, spec: Speculation, drafted: int, kept: int) -> None:
         report = row.report
-        row.last_kept = kept
+        row.draft.last_kept = kept
         stats, policy = self._figures(row, spec)
         if len(self._batch_of(row)) > 1 and stats is not None:  # alone, the step's time
             observe(stats, drafted, kept, None)  # goes in with it
         if policy is not None:
             policy.observe(drafted, kept)
-        drafter = spec.lookup if row.by_lookup else spec.drafter
+        drafter = spec.lookup if row.draft.by_lookup else spec.drafter
         report.verified(drafted, kept, getattr(drafter, "name", "model"))
 
     @staticmethod
     def _figures(row: Row, spec: Speculation) -> tuple[DepthStats | None, RoundPolicy | None]:
         """The seat's figures and the request's policy that this row's last round counts
         for: a lookup round's, by the class of the match it drafted from."""
-        keyed = row.by_lookup or (isinstance(spec.drafter, LookupDrafter)
+        keyed = row.draft.by_lookup or (isinstance(spec.drafter, LookupDrafter)
                                   and spec.lookup_policies is not None)
         if keyed and spec.lookup_stats is not None and spec.lookup_policies is not None:
-            return spec.lookup_stats.get(row.lookup_key), spec.lookup_policies.get(row.lookup_key)
+            key = row.draft.lookup_key
+            return spec.lookup_stats.get(key), spec.lookup_policies.get(key)
         return spec.stats, spec.policy
 
     def _batch_of(self, row: Row) -> list[Row]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from seatd.adaptive import MAX_DEPTH, observe
-from seatd.batch import Engine, Work
+from seatd.batch import Drafting, Engine, Work
 from seatd.batch_policy import StepPlan
 from seatd.counters import SeatCounters
 from seatd.drafters import LookupDrafter, ModelDrafter
@@ -82,7 +82,7 @@ def answers(target: Any, spec: SeatSpeculation | None, params: SamplingParams,
             for row in lane.rows:
                 drafter = row.work.spec.drafter if row.work.spec is not None else None
                 if not isinstance(drafter, ModelDrafter) or not drafter.cache \
-                        or not row.drafter_in or not row.speculating:
+                        or not row.draft.drafter_in or not row.draft.speculating:
                     continue
                 taken = row.issued - int(row.unread) - row.start
                 assert drafter.cache[0].offset + len(drafter.pending) \
@@ -216,9 +216,9 @@ def _lookup_alone_events(target: Any, spec: SeatSpeculation,
     judge, alone, figures = Engine._judge_shadow, Engine._lookup_alone, Engine._figures
 
     def judging(row: Any, lookup: Any, policies: Any, stats: Any, trusted: Any) -> None:
-        before = row.shadow
+        before = row.draft.shadow
         judge(row, lookup, policies, stats, trusted)
-        if before is not None and row.shadow is None:
+        if before is not None and row.draft.shadow is None:
             events.append(("judged", before[0]))
 
     def drafting(self: Engine, row: Any, room: int) -> tuple[int, float]:
@@ -228,7 +228,7 @@ def _lookup_alone_events(target: Any, spec: SeatSpeculation,
         return k, expected
 
     def counting(row: Any, spec: Any) -> Any:
-        events.append(("counted", row.lookup_key))
+        events.append(("counted", row.draft.lookup_key))
         return figures(row, spec)
 
     monkeypatch.setattr(Engine, "_judge_shadow", staticmethod(judging))
@@ -333,16 +333,16 @@ def test_a_passed_over_match_is_judged_early_where_its_class_is_not_trusted(
 
     assert JUDGE_TOKENS == 2
     follow = [7, 8, 9, 10, 11, 12]
-    row = SimpleNamespace(shadow=(8, 3, follow))
+    row = SimpleNamespace(draft=Drafting(shadow=(8, 3, follow)))
     lookup = SimpleNamespace(context=[1, 2, 3, *answer])
     policy = RoundPolicy((0.01,) * 16, (0.6,) * 15)
     stats = DepthStats(max_depth=15)
     Engine._judge_shadow(row, lookup, {8: policy}, {8: stats}, trusted)  # type: ignore[arg-type]
     if judged is None:
-        assert row.shadow is not None and policy.tries[0] == 0 and not stats.seen
+        assert row.draft.shadow is not None and policy.tries[0] == 0 and not stats.seen
         return
     depth, kept = judged
-    assert row.shadow is None
+    assert row.draft.shadow is None
     assert stats.seen == {depth: 1}
     tried = min(kept + 1, depth)
     assert policy.tries == [1] * tried + [0] * (15 - tried)
