@@ -240,28 +240,27 @@ class Journey:
         async with aclosing(frames) as it:
             async for frame in it:
                 if type(frame) is Chunk:
+                    if not self.committed and self.gone():  # before anything went out
+                        self.left()
+                        now.ended = True
+                        return
                     if not self.gen.stream:
                         now.held.take(frame, segment, answer)
-                    elif not self.committed:
-                        if not self.gone():
-                            # Committing to this seat: it begins the answer.  Its attempt
-                            # has not ended, so the header says so.
-                            self.note(answer, name, frame)
-                            answer.attempts = attempts_header(self.attempts, streaming=name)
-                            self.committed = True
-                            yield Commit(answer)
+                        continue
+                    if not self.committed:
+                        # Committing to this seat: it begins the answer.  Its attempt has
+                        # not ended, so the header says so.
+                        self.note(answer, name, frame)
+                        answer.attempts = attempts_header(self.attempts, streaming=name)
+                        self.committed = True
+                        yield Commit(answer)
                     else:
                         if segment not in self.segments:
                             # The first text of a continuing rung: the seam.
                             assert now.broke is not None
                             self.seam(now.broke, name)
                         self.note(answer, name, frame)
-                    if not self.committed and self.gone():
-                        self.left()
-                        now.ended = True
-                        return
-                    if self.gen.stream:
-                        yield self.text(segment, frame)
+                    yield self.text(segment, frame)
                     continue
                 if isinstance(frame, Retry):
                     # A hosted rung tries again: the failed try is listed, never served.
