@@ -46,11 +46,15 @@ step must beat a plain one at this batch size by the seat's measured step times,
 the rows decline with `batch_not_profitable`, and while a prompt joins at the rows'
 pace the batch's steps are plain (`prompt_joining`).
 
+The worker hands the engine prepared requests and reads what became of them as events
+from its outbox (`seatd.engine_io`: `Work` in; `Started`, `Text`, `Ended` out); what
+the seat decides as a request is admitted (its cached prefix, its speculation plan) is
+the engine's `Admission`.  Nothing here calls up into the worker.
+
 A log line for one row names its request (`request_id`), a line about several rows
-theirs (`request_ids`); what the worker's callbacks for a row write as it is admitted
-(`prepare`, `begin`, `on_start`) and as it ends (`done`) is bound to that row's
-`request_id` (`_naming`).  The thread's own bindings name the seat
-(`shared.threads.bound_pool`).
+theirs (`request_ids`); what a row's admission and its end write (the prompt cache's
+lines among them) is bound to that row's `request_id` (`_naming`).  The thread's own
+bindings name the seat (`shared.threads.bound_pool`).
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,10 +77,10 @@ from seatd.answer import Answer
 from seatd.batch_policy import StepCosts, StepPlan, decide_step, paced, ride_tokens
 from seatd.drafter_choice import JUDGE_TOKENS, Choice, choose, trusts
 from seatd.drafters import LookupDrafter, ModelDrafter
+from seatd.engine_io import Admission, Ended, Fixed, Outbox, RowCancelled, Started, Text, Work
 from seatd.engine_types import (
     PREFILL_CHUNK,
     DecodeResult,
-    Resume,
     SpecReport,
     Speculation,
     make_cache,
@@ -88,12 +92,9 @@ from seatd.rows_drafter import Ask, RowsDrafter
 from seatd.sampling import Draws, draws_for
 from seatd.shaping import Matcher, Shaper, logprob_arrays, token_logprobs
 from seatd.verify import judge
-from shared.protocol import Generate, SamplingParams, TokenLogprob
+from shared.protocol import SamplingParams, TokenLogprob
 
 log = structlog.get_logger()
-
-# text, tokens, state, new ids, their log-probabilities (when asked for)
-Emit = Callable[[str, int, str, Sequence[int], Sequence[TokenLogprob]], None]
 
 # Beside decoding rows a prefill step may take this share of their step time: their
 # inter-token gaps grow by less than that while a prompt joins.  Half, not more: their
@@ -104,45 +105,10 @@ PREFILL_SHARE = 0.5
 PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
 
 
-class RowCancelled(Exception):
-    pass
-
-
-@dataclass
-class Work:
-    """A request handed to the engine, with the worker's callbacks (all called on the
-    MLX thread): `prepare` (tokenize and check; raising ends the request with that
-    error), `begin` (prompt cache and speculation, once admitted), `on_start`, `emit`
-    (committed text) and `done` (the result, or the error that ended the row)."""
-
-    request: Generate
-    prompt: list[int]
-    kv: str
-    emit: Emit
-    cancelled: Callable[[], bool]
-    done: Callable[[Work, DecodeResult | None, BaseException | None], None]
-    prepare: Callable[[Work], None] = lambda work: None
-    begin: Callable[[Work], None] = lambda work: None
-    on_start: Callable[[Work], None] = lambda work: None
-    spec: Speculation | None = None
-    resume: Resume | None = None
-    reserve: int = 0  # KV bytes held for this row (`seatd.kv_budget`)
-    finish: Callable[[bool], None] | None = None  # tells the prompt cache how it ended
-    first_token_at: float | None = None
-    prepared: bool = False
-    fault: bool = False  # an injected prefill fault (the worker's SANCTUM_FAULT_ROW)
-    # Structured output: the answer's matcher (set in `prepare`), already past a
-    # continued answer's prefix (`seatd.grammar.SeatGrammar.for_request`); the engine
-    # feeds it every token the answer takes.
-    grammar: Matcher | None = None
-    arrived: int = 0  # when it reached the engine (`Engine.submit`), in `Engine.order`
-
-
 @contextmanager
 def _naming(work: Work) -> Iterator[None]:
-    """Lines written meanwhile (the worker's callbacks for this row as it is admitted and
-    as it ends, the prompt cache, a lane made for it) name the row's request.  Not
-    `emit`: it runs for every token and writes no line."""
+    """Lines written meanwhile (its admission, the prompt cache as it ends, a lane made
+    for it) name the row's request."""
     tokens = structlog.contextvars.bind_contextvars(request_id=work.request.request_id)
     try:
         yield
@@ -253,15 +219,17 @@ class Aboard:
 
 class Engine:
     def __init__(self, model: Any, tokenizer: Any, context_length: int, width: int,
-                 max_batch: int, budget: KVBudget,
-                 on_token: Callable[[], None] | None = None) -> None:
+                 max_batch: int, budget: KVBudget, admission: Admission | None = None,
+                 outbox: Outbox | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.width = width
         self.max_batch = max_batch
         self.budget = budget
-        self.on_token = on_token or (lambda: None)
+        self.admission: Admission = admission or Fixed()
+        self.outbox = outbox or Outbox()  # what became of each request, in order
+        self.tokens = 0  # answer tokens taken, every row's: the seat's progress
         self.inbox: deque[Work] = deque()
         self.lock = threading.Lock()
         self.wake = threading.Event()
@@ -283,7 +251,7 @@ class Engine:
         # when a request arrived (`batch_policy.paced`).
         self.order = itertools.count(1)
 
-    # -- the worker's side (any thread) -----------------------------------------
+    # -- the worker's side (any thread): `seatd.engine_io` ----------------------
 
     def submit(self, work: Work) -> None:
         work.arrived = next(self.order)
@@ -372,33 +340,26 @@ class Engine:
                     return
 
     def _admit_one(self, work: Work) -> bool:
-        """The queue's first request prepared, and admitted when it fits; False when
-        it waits (the batch or its KV budget is full)."""
-        if work.cancelled():
+        """The queue's first request admitted when it fits; False when it waits (the
+        batch or its KV budget is full)."""
+        if work.cancel.is_set():
             self._pop(work)
             self._end_unstarted(work, RowCancelled())
             return True
-        if not work.prepared:
-            try:
-                work.prepare(work)
-                work.prepared = True
-            except Exception as exc:  # refused (or failed) before any work
-                self._pop(work)
-                self._end_unstarted(work, exc)
-                return True
         if self.rows() >= self.max_batch or self._lane_full(lane_key(work)):
             return False
         if not self.budget.admit(work.reserve, alone=self.rows() == 0):
             return False  # waits for a row to leave; the proxy's queue clock runs meanwhile
         self._pop(work)
         try:
-            work.begin(work)
+            admitted = self.admission.admit(work)
         except Exception as exc:
             log.exception("row_begin_failed", request_id=work.request.request_id)
             self.budget.release(work.reserve)
             self._end_unstarted(work, exc)
             return True
-        work.on_start(work)
+        work.resume, work.spec, work.finish = admitted.resume, admitted.spec, admitted.finish
+        self.outbox.put(Started(work.rid, time.monotonic()))
         self._start(work)
         return True
 
@@ -416,9 +377,7 @@ class Engine:
                 self.inbox.popleft()
 
     def _end_unstarted(self, work: Work, error: BaseException) -> None:
-        if work.finish is not None:
-            work.finish(True)
-        work.done(work, None, error)
+        self.outbox.put(Ended(work.rid, None, error, len(work.prompt)))
 
     def _start(self, work: Work) -> None:
         params = work.request.params
@@ -440,7 +399,8 @@ class Engine:
             if row.top is not None:
                 lps = row.lps[row.lp_sent : row.lp_sent + len(fresh)]
                 row.lp_sent += len(fresh)
-            work.emit(text, count, report.state, fresh, lps)
+            self.outbox.put(Text(work.rid, text, count, report.state, tuple(fresh),
+                                 tuple(lps)))
 
         row = Row(work, params, draws_for(params, self.width),
                   Answer(self.tokenizer, params, budget, send, prefix=prefix,
@@ -1114,7 +1074,7 @@ class Engine:
         if lp is not None and len(answer.ids) == before:
             row.lps.pop()  # an end of sequence is no answer token
         if not answer.done or token not in answer.eos:
-            self.on_token()
+            self.tokens += 1
         # The structured answer is whole: it ends by the grammar, even on its last
         # allowed token (a budget that ran out on the closing token is no cut answer).
         if grammar is not None and grammar.finished and (
@@ -1380,14 +1340,14 @@ class Engine:
 
     def _cancels(self) -> None:
         for group in list(self.groups):
-            for row in [r for r in group.rows if r.work.cancelled()]:
+            for row in [r for r in group.rows if r.work.cancel.is_set()]:
                 self._drop_joining(group, row, RowCancelled())
             if not group.rows:
                 self.groups.remove(group)
         for lane in self.lanes.values():
-            if any(r.work.cancelled() for r in lane.rows):
+            if any(r.work.cancel.is_set() for r in lane.rows):
                 for r in lane.rows:
-                    if r.work.cancelled():
+                    if r.work.cancel.is_set():
                         self._finish(r, RowCancelled())
                 self._leave(lane)
 
@@ -1422,10 +1382,7 @@ class Engine:
             if work.finish is not None:  # the prompt cache keeps its copy while the row's
                 work.finish(error is None or isinstance(error, RowCancelled))  # room is held
             self.budget.release(work.reserve)
-            try:
-                work.done(work, result, error)
-            except Exception:
-                log.exception("row_done_failed", request_id=row.rid)
+        self.outbox.put(Ended(row.rid, result, error, len(work.prompt), work.first_token_at))
 
 
 

@@ -35,6 +35,7 @@ import structlog
 from seatd.adaptive import MAX_DEPTH, DepthStats
 from seatd.drafter_choice import LOOKUP_MAX_DEPTH
 from seatd.drafters import MATCH_CAP, LookupDrafter, ModelDrafter, match_key
+from seatd.engine_io import Transcript, Work
 from seatd.engine_types import Speculation
 from seatd.kv_budget import KVBudget
 from shared.protocol import Generate, SamplingParams
@@ -101,32 +102,28 @@ def warm_up(model: Any, tokenizer: Any, context_length: int, width: int,
     """Compile the seat's c=1 decode shapes through a throwaway engine (see the module's
     docstring).  Never raises for a request's error: a shape that fails here fails the
     same way for a client, whose request the seat then declines or fails as it would."""
-    from seatd.batch import Engine, Work  # the engine imports this module's callers
+    from seatd.batch import Engine  # the engine imports this module's callers
 
     t0 = time.perf_counter()
     engine = Engine(model, tokenizer, context_length, width, 1, KVBudget(1 << 40))
     prompt = prompt_ids(tokenizer)
     failed = 0
     runs = plan(drafter_model is not None) if runs is None else runs
+    seen = Transcript()
     for i, (kind, depth, params) in enumerate(runs):
         drafter = ModelDrafter(drafter_model) if kind == "model" else Proposing()
         spec = Speculation(drafter, depth, DepthStats())
         request = Generate(f"warm-{i}", False, params, prompt=TEXT,
                            speculation=True, draft_depth=depth, prompt_cache=False)
-        out: list[BaseException | None] = []
-
-        def done(work: Work, result: Any, error: BaseException | None,
-                 out: list[BaseException | None] = out) -> None:
-            out.append(error)
-
-        engine.submit(Work(request, prompt, "fp16", lambda *a, **k: None, lambda: False,
-                           done, spec=spec))
-        while not out:
+        engine.submit(Work(request, prompt, "fp16", spec=spec))
+        while request.request_id not in seen.ended:
             engine.step()
-        if out[0] is not None:
+            seen.read(engine.outbox)
+        error = seen.error(request.request_id)
+        if error is not None:
             failed += 1
             log.warning("warm_up_request_failed", kind=kind, depth=depth,
-                        temperature=params.temperature, error=repr(out[0]))
+                        temperature=params.temperature, error=repr(error))
     seconds = time.perf_counter() - t0
     log.info("shapes_warmed", requests=len(runs), failed=failed, seconds=round(seconds, 3))
     return Warmed(len(runs), failed, seconds)

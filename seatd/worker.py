@@ -3,14 +3,18 @@
     python -m seatd.worker --seat NAME [--config FILE]
 
 The asyncio main thread owns the ZeroMQ ROUTER socket: it answers pings at any
-time (also during a long prefill), queues work and sends frames.  All MLX work
-runs on one long-lived thread, because MLX registers compute streams per thread:
-the batch engine (`seatd.batch`), which decodes every admitted request as a row of
-one forward per step.
+time (also during a long prefill), queues work and sends frames.  A thread of its
+own prepares each request in turn (`prepare`: the prompt's tokens, the caps, the
+grammar, the KV bytes it holds).  All MLX work runs on one long-lived thread,
+because MLX registers compute streams per thread: the batch engine (`seatd.batch`),
+which decodes every admitted request as a row of one forward per step.  The worker
+hands it prepared requests and reads back one stream of events (`seatd.engine_io`),
+which it turns into frames (`Started`, `Chunk`, `Final`).
 
 Every line the process writes names its seat: `main` binds it, and the MLX thread
 starts bound as the main thread is (`shared.threads.bound_pool`); a line for one
-request names its `request_id` (the engine binds it around the callbacks of a row).
+request names its `request_id` (`prepare` binds it, and the engine as a row is
+admitted and ends).
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,8 +36,10 @@ import zmq.asyncio
 from seatd import blas, warm_shapes
 from seatd.answer import seam
 from seatd.backend import backend, device_name, seat_environment
-from seatd.batch import Engine, RowCancelled, Work
+from seatd.batch import Engine
 from seatd.counters import SeatCounters
+from seatd.engine_io import Ended, Event, Outbox, RowCancelled, Text, Work
+from seatd.engine_io import Started as RowStarted
 from seatd.engine_types import PREFILL_CHUNK, DecodeResult, output_width
 from seatd.fingerprint import (
     beside,
@@ -47,9 +52,10 @@ from seatd.grammar import GrammarError, GrammarRefusal, SeatGrammar
 from seatd.kv_budget import KVBudget, row_bytes
 from seatd.prompt_cache import SeatPromptCache
 from seatd.sampling import KEYED_RULE
+from seatd.seating import SeatAdmission
 from seatd.speculation import SeatSpeculation, kill_switch
 from seatd.tool_calls import Family, ToolSplitter, seat_family, splitter_for, tool_finish
-from seatd.turns import turn_cuts, turn_marks
+from seatd.turns import turn_marks
 from shared import curve, exitcodes, lifecycle, protocol, seat_side
 from shared.caps import default_seat_cap, seat_refusal
 from shared.config import (
@@ -81,7 +87,6 @@ from shared.protocol import (
     Rejected,
     Shutdown,
     Started,
-    TokenLogprob,
     Usage,
 )
 from shared.threads import bound_pool
@@ -103,13 +108,13 @@ class Job:
     identity: bytes
     request: Generate
     received_at: float = field(default_factory=time.monotonic)
-    cancel: bool = False  # asked to stop (read by the MLX thread between steps)
+    work: Work | None = None  # the prepared request, once the engine has it
     started_at: float | None = None
     answered: bool = False
     lane: str = ""
     fingerprint: str = ""
     # Tool calls split out of the answer's text (set in `prepare` when the request has
-    # tools); used on the MLX thread only, read by `account` after the row ended.
+    # tools); fed the answer's text as the engine's events are read.
     calls: ToolSplitter | None = None
     count: int = 0  # completion tokens of the last chunk
     constrained: bool = False  # decoded under a grammar (response_format, a forced call)
@@ -143,11 +148,12 @@ class SeatWorker:
         # a cancel there gives the place up at once), then `running` as rows.
         self.waiting: dict[str, Job] = {}
         self.running: dict[str, Job] = {}
-        self.tokens_generated = 0
+        self.preparing: asyncio.Queue[Job] = asyncio.Queue()  # until `prepare` took them
         self.draining = False
         self.stopped = asyncio.Event()
         # Bound to the seat itself: its lines name it however the worker was started.
         self.mlx = bound_pool("mlx", seat=seat.name)
+        self.prep = bound_pool("prep", seat=seat.name)  # requests prepared (`prepare`)
         self.sock: zmq.asyncio.Socket | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         # Whether a batch neighbour can round a row's bytes here (`seatd.fingerprint`).
@@ -182,7 +188,7 @@ class SeatWorker:
             context_length=loaded.context_length if loaded else 0,
             tokenizer_hash=loaded.tokenizer_hash if loaded else "",
             in_flight=tuple(self.running),
-            tokens_generated=self.tokens_generated,
+            tokens_generated=engine.tokens if engine is not None else 0,
             queued=len(self.waiting),
             rows=len(self.running),
             max_batch=self.seat.max_batch,
@@ -237,17 +243,21 @@ class SeatWorker:
                     self.send(identity, self.final(job, Rejected(
                         400, "duplicate_request_id", f"request {rid} is already in flight")))
                 else:
+                    kv = message.kv or self.seat.kv
+                    job.lane = f"{'stream' if message.stream else 'sync'}/{kv}"
+                    job.fingerprint = self.loaded.fingerprints.get(kv, "")
                     self.waiting[rid] = job
-                    self.engine.submit(self.work(job))
+                    self.preparing.put_nowait(job)
             case Cancel(request_id=rid):
                 queued = self.waiting.pop(rid, None)
                 if queued is not None:  # never started: its place goes to the next one
-                    queued.cancel = True
+                    if queued.work is not None:
+                        queued.work.cancel.set()
                     queued.answered = True
                     self.counters.inc("cancelled")
                     self.send(queued.identity, self.final(queued, Cancelled()))
-                elif rid in self.running:
-                    self.running[rid].cancel = True
+                elif (running := self.running.get(rid)) is not None and running.work:
+                    running.work.cancel.set()
             case GetCounters():
                 self.send(identity, CountersReply(self.seat.name, self.counters.snapshot()))
             case Shutdown(drain_s=drain_s):
@@ -291,72 +301,46 @@ class SeatWorker:
                                     spec.drafter_model)
             except Exception as exc:
                 log.warning("warm_up_failed", error=repr(exc))
+        marks = turn_marks(got.tokenizer)
         engine = Engine(got.model, got.tokenizer, got.context_length, width,
-                        self.seat.max_batch, budget, self.progress)
+                        self.seat.max_batch, budget, SeatAdmission(cache, spec, marks),
+                        Outbox(self.ring))
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,
-                      spec, cache, turn_marks(got.tokenizer), width, prints, engine,
+                      spec, cache, marks, width, prints, engine,
                       seat_family(got.tokenizer), SeatGrammar(got.tokenizer, width))
-
-    def progress(self) -> None:
-        self.tokens_generated += 1  # the MLX thread's heartbeat of real work
 
     def tokenize(self, request: Generate) -> list[int]:
         assert self.loaded is not None
         return prompt_ids(self.loaded.tokenizer, request.messages, request.prompt,
                           request.tools_json)
 
-    def work(self, job: Job) -> Work:
-        """The engine's view of a job; its callbacks run on the MLX thread."""
-        request = job.request
-        kv = request.kv or self.seat.kv
-        job.lane = f"{'stream' if request.stream else 'sync'}/{kv}"
-        job.fingerprint = self.loaded.fingerprints.get(kv, "") if self.loaded else ""
-        assert self.loop is not None
-        loop = self.loop
+    async def prepared(self) -> None:
+        """Each request prepared (`prepare`, on a thread of its own: tokenizing a long
+        prompt never holds the socket or the batch's steps), then handed to the engine,
+        in the order they came."""
+        assert self.loop is not None and self.engine is not None
+        while True:
+            job = await self.preparing.get()
+            if job.answered:  # cancelled while it waited
+                continue
+            rid = job.request.request_id
+            try:
+                work = await self.loop.run_in_executor(self.prep, self.prepare, job)
+            except Exception as exc:  # refused (or failed) before any work
+                self.finished(job, Ended(rid, None, exc, getattr(exc, "prompt_tokens", 0)))
+                continue
+            if job.answered:
+                continue
+            job.work = work
+            self.engine.submit(work)
 
-        def served_if_ok() -> int:
-            ahead = sum(1 for other in list(self.running.values())
-                        if other.started_at is not None and job.started_at is not None
-                        and other.started_at < job.started_at)
-            return self.counters.served + ahead + 1
+    def prepare(self, job: Job) -> Work:
+        """The request as the engine takes it: its prompt's tokens, checked against the
+        seat's caps, its grammar and the KV bytes it holds."""
+        with structlog.contextvars.bound_contextvars(request_id=job.request.request_id):
+            return self._prepare(job)
 
-        def emit(text: str, count: int, state: str, ids: Sequence[int] = (),
-                 logprobs: Sequence[TokenLogprob] = ()) -> None:
-            calls: tuple[protocol.ToolCall, ...] = ()
-            if job.calls is not None:
-                # The chunk goes out even when a call holds all its text: its tokens
-                # (and their log-probabilities) are the answer's, and it shows progress.
-                text, calls = job.calls.feed(text)
-            job.count = count
-            self.send_threadsafe(job.identity, Chunk(request.request_id, text, count,
-                                                     served_if_ok(), state, job.fingerprint,
-                                                     tuple(ids), tool_calls=calls,
-                                                     logprobs=tuple(logprobs)))
-
-        def done(work: Work, result: DecodeResult | None, error: BaseException | None) -> None:
-            if result is not None and result.beside and self.rows_round_apart:
-                # a batch neighbour may have rounded it: its bytes are named apart
-                job.fingerprint = beside(job.fingerprint)
-            if result is not None and job.calls is not None:
-                # What the splitter still holds (a partial marker, an unclosed call) goes
-                # out before the Final, which reports the calls' finish_reason.
-                text, calls = job.calls.close()
-                if text or calls:
-                    self.send_threadsafe(job.identity, Chunk(
-                        request.request_id, text, job.count, served_if_ok(),
-                        result.speculation.state, job.fingerprint, tool_calls=calls))
-            loop.call_soon_threadsafe(self.finished, job, work, result, error)
-
-        def started(work: Work) -> None:
-            job.started_at = time.monotonic()
-            loop.call_soon_threadsafe(self.started, job)
-
-        return Work(request, [], kv, emit, lambda: job.cancel, done,
-                    prepare=lambda work: self.prepare(job, work),
-                    begin=lambda work: self.begin(job, work), on_start=started)
-
-    def prepare(self, job: Job, work: Work) -> None:
-        """On the MLX thread, before the batch admits it: the prompt, checked."""
+    def _prepare(self, job: Job) -> Work:
         assert self.loaded is not None
         loaded = self.loaded
         request = job.request
@@ -380,33 +364,12 @@ class SeatWorker:
             job.calls = splitter_for(loaded.tools, request.tools_json, request.tool_choice,
                                      request.request_id, request.parallel_tool_calls)
         if request.prefix is not None or request.prefix_ids is not None:
-            # A continued answer: the answer so far follows the prompt, and its answer
-            # positions start after it (the engine reads `prefix_ids`).
-            ids, head = continuation(loaded.tokenizer, request)
-            try:
-                if job.calls is not None:
-                    # The client's text lacks the calls it got: the splitter replays the
-                    # answer so far, and the engine takes all of its text as sent.
-                    job.calls.resume(head, request.prefix or "")
-                    request = msgspec.structs.replace(request, prefix=head)
-                else:
-                    seam(head, request.prefix or "")
-            except ValueError:
-                raise Refusal(Rejected(400, "prefix_mismatch",
-                                       "the answer's text does not match its tokens")) from None
-            if len(prompt) + len(ids) >= loaded.context_length:
-                raise Refusal(Rejected(
-                    413, "prompt_too_long",
-                    f"prompt and answer so far have {len(prompt) + len(ids)} tokens; seat "
-                    f"{self.seat.name} has a context of {loaded.context_length}",
-                    {"prompt_tokens": len(prompt) + len(ids),
-                     "cap": loaded.context_length - 1, "seat": self.seat.name,
-                     "limit": "context"}), len(prompt) + len(ids))
-            work.request = request = msgspec.structs.replace(request, prefix_ids=tuple(ids))
+            request, ids = self._continued(job, request, len(prompt))
             prompt = prompt + ids
+        grammar = None
         if loaded.grammar is not None:
             try:  # the matcher starts past a continued answer's tokens
-                work.grammar = loaded.grammar.for_request(request, request.prefix_ids or ())
+                grammar = loaded.grammar.for_request(request, request.prefix_ids or ())
             except GrammarRefusal as exc:
                 raise Refusal(Rejected(400, exc.code, exc.message,
                                        {"param": exc.param})) from exc
@@ -417,23 +380,103 @@ class SeatWorker:
                 raise Refusal(Rejected(400, "invalid_constraint",
                                        f"the seat could not build this request's grammar: "
                                        f"{exc}")) from exc
-            job.constrained = work.grammar is not None
-        work.prompt = prompt
-        work.fault = _faulty(request)
-        work.reserve = row_bytes(loaded.prompt_cache.per_token(work.kv), len(prompt),
-                                 request.params.max_tokens, loaded.context_length)
+            job.constrained = grammar is not None
+        kv = request.kv or self.seat.kv
+        reserve = row_bytes(loaded.prompt_cache.per_token(kv), len(prompt),
+                            request.params.max_tokens, loaded.context_length)
+        return Work(request, prompt, kv, reserve, grammar, _faulty(request))
 
-    def begin(self, job: Job, work: Work) -> None:
-        """On the MLX thread, as the batch admits it: prompt cache and speculation."""
+    def _continued(self, job: Job, request: Generate,
+                   n_prompt: int) -> tuple[Generate, list[int]]:
+        """A continued answer: the answer so far follows the prompt, and its answer
+        positions start after it (the engine reads `prefix_ids`)."""
         assert self.loaded is not None
         loaded = self.loaded
-        request = job.request
-        plan = loaded.prompt_cache.begin(request, work.kv, work.prompt,
-                                         request.params.max_tokens,
-                                         turn_cuts(work.prompt, loaded.turn_marks))
-        work.resume = plan.resume
-        work.finish = lambda ok: loaded.prompt_cache.finish(plan, ok)
-        work.spec = loaded.speculation.plan(request, work.kv)
+        ids, head = continuation(loaded.tokenizer, request)
+        try:
+            if job.calls is not None:
+                # The client's text lacks the calls it got: the splitter replays the
+                # answer so far, and the engine takes all of its text as sent.
+                job.calls.resume(head, request.prefix or "")
+                request = msgspec.structs.replace(request, prefix=head)
+            else:
+                seam(head, request.prefix or "")
+        except ValueError:
+            raise Refusal(Rejected(400, "prefix_mismatch",
+                                   "the answer's text does not match its tokens")) from None
+        if n_prompt + len(ids) >= loaded.context_length:
+            raise Refusal(Rejected(
+                413, "prompt_too_long",
+                f"prompt and answer so far have {n_prompt + len(ids)} tokens; seat "
+                f"{self.seat.name} has a context of {loaded.context_length}",
+                {"prompt_tokens": n_prompt + len(ids),
+                 "cap": loaded.context_length - 1, "seat": self.seat.name,
+                 "limit": "context"}), n_prompt + len(ids))
+        return msgspec.structs.replace(request, prefix_ids=tuple(ids)), ids
+
+    # -- the engine's events (`seatd.engine_io`) ---------------------------
+
+    def ring(self) -> None:
+        """The engine's outbox has events (called on the MLX thread)."""
+        assert self.loop is not None
+        try:
+            self.loop.call_soon_threadsafe(self.read_events)
+        except RuntimeError:  # the loop closed on the way out: nobody reads any more
+            pass
+
+    def read_events(self) -> None:
+        engine = self.engine
+        if engine is None:
+            return
+        for event in engine.outbox.take():
+            self.on_event(event)
+
+    def on_event(self, event: Event) -> None:
+        job = self.running.get(event.rid) or self.waiting.get(event.rid)
+        if job is None or job.answered:  # cancelled while queued: already answered
+            return
+        match event:
+            case RowStarted():
+                job.started_at = event.at
+                self.started(job)
+            case Text():
+                self.on_text(job, event)
+            case Ended():
+                self.on_ended(job, event)
+
+    def served_if_ok(self, job: Job) -> int:
+        ahead = sum(1 for other in self.running.values()
+                    if other.started_at is not None and job.started_at is not None
+                    and other.started_at < job.started_at)
+        return self.counters.served + ahead + 1
+
+    def on_text(self, job: Job, event: Text) -> None:
+        text = event.text
+        calls: tuple[protocol.ToolCall, ...] = ()
+        if job.calls is not None:
+            # The chunk goes out even when a call holds all its text: its tokens (and
+            # their log-probabilities) are the answer's, and it shows progress.
+            text, calls = job.calls.feed(text)
+        job.count = event.count
+        self.send(job.identity, Chunk(event.rid, text, event.count, self.served_if_ok(job),
+                                      event.state, job.fingerprint, event.ids,
+                                      tool_calls=calls, logprobs=event.logprobs))
+
+    def on_ended(self, job: Job, event: Ended) -> None:
+        result = event.result
+        if result is not None and result.beside and self.rows_round_apart:
+            # a batch neighbour may have rounded it: its bytes are named apart
+            job.fingerprint = beside(job.fingerprint)
+        if result is not None and job.calls is not None:
+            # What the splitter still holds (a partial marker, an unclosed call) goes
+            # out before the Final, which reports the calls' finish_reason.
+            text, calls = job.calls.close()
+            if text or calls:
+                self.send(job.identity, Chunk(event.rid, text, job.count,
+                                              self.served_if_ok(job),
+                                              result.speculation.state, job.fingerprint,
+                                              tool_calls=calls))
+        self.finished(job, event)
 
     def started(self, job: Job) -> None:
         rid = job.request.request_id
@@ -443,9 +486,9 @@ class SeatWorker:
         self.running[rid] = job
         self.send(job.identity, Started(rid))
 
-    def finished(self, job: Job, work: Work, result: DecodeResult | None,
-                 error: BaseException | None) -> None:
+    def finished(self, job: Job, ended: Ended) -> None:
         rid = job.request.request_id
+        result, error = ended.result, ended.error
         if self.waiting.get(rid) is job:
             del self.waiting[rid]
         if self.running.get(rid) is job:
@@ -453,7 +496,7 @@ class SeatWorker:
         if job.answered:
             return
         job.answered = True
-        n_prompt = len(work.prompt)
+        n_prompt = ended.prompt_tokens
         outcome: Outcome
         match error:
             case None:
@@ -471,7 +514,7 @@ class SeatWorker:
                           error=repr(error))
                 outcome = Failed("internal_error", str(error) or type(error).__name__)
         with structlog.contextvars.bound_contextvars(request_id=rid, seat=self.seat.name):
-            frame = self.account(job, outcome, result, n_prompt, work.first_token_at)
+            frame = self.account(job, outcome, result, n_prompt, ended.first_token_at)
         self.send(job.identity, frame)
 
     def account(self, job: Job, outcome: Outcome, result: DecodeResult | None,
@@ -593,9 +636,11 @@ class SeatWorker:
             assert self.loaded.engine is not None
             engine = self.loaded.engine
             server = self.loop.run_in_executor(self.mlx, engine.run)
+            preparer = self.loop.create_task(self.prepared())
             await self.stopped.wait()
             engine.stop()
             server.cancel()
+            preparer.cancel()
         finally:
             receiver.cancel()
             self.counters.persist()
@@ -605,6 +650,7 @@ class SeatWorker:
             ctx.term()
             unlink_endpoint(worker_endpoint(self.config, self.seat.name))
             self.mlx.shutdown(wait=False, cancel_futures=True)
+            self.prep.shutdown(wait=False, cancel_futures=True)
         return code
 
 

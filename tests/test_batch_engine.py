@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from seatd.adaptive import DepthStats
-from seatd.batch import Engine, RowCancelled, Work
+from seatd.batch import Engine
 from seatd.decode import decode
 from seatd.drafters import Draft, ModelDrafter
+from seatd.engine_io import Admitted, RowCancelled, Text, Transcript, Work
 from seatd.engine_types import DecodeResult, Resume, Speculation, output_width
 from seatd.kv_budget import KVBudget
 from seatd.sampling import Draws
@@ -58,39 +59,59 @@ class BrokenDrafter(ModelDrafter):
         return super().propose(k, params, draws, position)
 
 
+class Given:
+    """An admission that resumes the given requests from the given caches (a broken one
+    makes their prefill fail) and takes each request's own speculation plan."""
+
+    def __init__(self, resumes: dict[str, Resume]) -> None:
+        self.resumes = resumes
+
+    def admit(self, work: Work) -> Admitted:
+        return Admitted(self.resumes.get(work.rid), work.spec)
+
+
+def drive(engine: Engine, n: int) -> Transcript:
+    """Steps until `n` requests ended; what the engine said of each."""
+    told = Transcript()
+    while len(told.ended) < n:
+        engine.step()
+        told.read(engine.outbox)
+    return told
+
+
 def run(pair: tuple[Any, Any, Any], *, spec: Sequence[str | None] = (None,) * 4,
         stream: bool = True, cancel_after: dict[int, int] | None = None,
         broken_cache: int | None = None, solo: int | None = None) -> Run:
     model, tok, drafter = pair
-    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    resumes = {str(broken_cache): Resume(cache=[object()], start=2)} \
+        if broken_cache is not None else {}
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30),
+                    Given(resumes))
     out = Run()
     cancel_after = cancel_after or {}
+    works: dict[str, Work] = {}
     for i, (prompt, params, kv) in enumerate(zip(PROMPTS, PARAMS, LANES, strict=True)):
         out.streamed[i] = []
-
-        def emit(text: str, count: int, state: str, ids: Sequence[int] = (),
-                 logprobs: Sequence[object] = (), i: int = i) -> None:
-            if stream:
-                out.streamed[i].append(text)
-            if count >= cancel_after.get(i, 1 << 30):
-                out.cancel.add(i)
-
-        def done(work: Work, result: DecodeResult | None, error: BaseException | None,
-                 i: int = i) -> None:
-            out.results[i] = (result, error)
-
         kind = spec[i]
         plan = None
         if kind is not None:
             d = BrokenDrafter(drafter) if kind == "broken" else ModelDrafter(drafter)
             plan = Speculation(d, 3, DepthStats())
-        resume = Resume(cache=[object()], start=2) if i == broken_cache else None
         request = Generate(str(i), stream, params, prompt=prompt, solo=True if i == solo else None)
-        engine.submit(Work(request, tok.encode(prompt),
-                           kv, emit, lambda i=i: i in out.cancel, done, spec=plan,
-                           resume=resume))
-    while len(out.results) < len(PROMPTS):
+        works[str(i)] = Work(request, tok.encode(prompt), kv, spec=plan)
+        engine.submit(works[str(i)])
+    told = Transcript()
+    while len(told.ended) < len(PROMPTS):
         engine.step()
+        for event in told.read(engine.outbox):
+            if isinstance(event, Text):
+                i = int(event.rid)
+                if stream:
+                    out.streamed[i].append(event.text)
+                if event.count >= cancel_after.get(i, 1 << 30):
+                    works[event.rid].cancel.set()
+    for i in range(len(PROMPTS)):
+        out.results[i] = (told.result(str(i)), told.error(str(i)))
     assert not engine.rows() and not engine.lanes
     assert engine.budget.rows == []
     return out
@@ -248,12 +269,11 @@ def test_joining_rows_share_prefill_forwards(pair: tuple[Any, Any, Any],
     prompts = [tok.encode(text[i * 300 : i * 300 + 1000 + 150 * i]) for i in range(5)]
     params = SamplingParams(max_tokens=8, temperature=0)
     engine = Engine(model, tok, 4096, output_width(model), 8, KVBudget(1 << 30))
-    results: dict[str, DecodeResult | None] = {}
+    told = Transcript()
 
     def submit(i: int, solo: bool = False) -> None:
         request = Generate(str(i), False, params, prompt="-", solo=True if solo else None)
-        engine.submit(Work(request, prompts[i], "fp16", lambda *_: None, lambda: False,
-                           lambda w, r, e: results.__setitem__(w.request.request_id, r)))
+        engine.submit(Work(request, prompts[i], "fp16"))
 
     for i in range(3):
         submit(i)
@@ -261,14 +281,15 @@ def test_joining_rows_share_prefill_forwards(pair: tuple[Any, Any, Any],
     engine.step()
     assert seen[0] == (("0", "1", "2"), 0)  # one forward for the three
     submit(3)
-    while len(results) < 5:
+    while len(told.ended) < 5:
         engine.step()
+        told.read(engine.outbox)
     groups = [rids for rids, _ in seen]
     first = groups.index(("3",))
     assert ("0", "1", "2", "3") in groups[first:]  # caught up, then merged
     assert all(rids == ("4",) for rids in groups if "4" in rids)
     for i in range(5):
-        got = results[str(i)]
+        got = told.result(str(i))
         assert got is not None
         want = decode(model, tok, prompts[i], params, kv="fp16", context_length=4096)
         assert got.text == want.text, i
@@ -308,19 +329,18 @@ def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
                "late": tok.encode(text[8000:12000])}
     budgets = {"short": 64, "long": 64, "late": 8}
     engine = Engine(model, tok, 4096, output_width(model), 8, KVBudget(1 << 30))
-    results: dict[str, DecodeResult | None] = {}
+    told = Transcript()
 
     def submit(rid: str) -> None:
         params = SamplingParams(max_tokens=budgets[rid], temperature=0)
-        engine.submit(Work(Generate(rid, False, params, prompt="-"), prompts[rid], "fp16",
-                           lambda *_: None, lambda: False,
-                           lambda w, r, e: results.__setitem__(w.request.request_id, r)))
+        engine.submit(Work(Generate(rid, False, params, prompt="-"), prompts[rid], "fp16"))
 
     apart = 0  # the most KV segments a lane held: rows ~900 tokens apart keep two
 
     def step() -> None:
         nonlocal apart
         engine.step()
+        told.read(engine.outbox)
         apart = max([apart, *(getattr(lane.cache, "segments", 1)
                               for lane in engine.lanes.values())])
 
@@ -329,7 +349,7 @@ def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
     while not any(r.rid == "long" for lane in engine.lanes.values() for r in lane.rows):
         step()
     submit("late")
-    while len(results) < 3:
+    while len(told.ended) < 3:
         step()
     assert apart >= 2
     n_long = len(prompts["long"]) - 1
@@ -347,7 +367,7 @@ def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
     # prompt of the cohort did, and every token of the latecomer's that rode is counted.
     assert rode and {rid for rid, _ in rode} == {"late"}, rode
     assert sum(n for _, n in rode) <= len(prompts["late"]) - 1
-    each_as_alone(model, tok, prompts, budgets, results)
+    each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
 
 
 @pytest.mark.parametrize("params", [
@@ -367,15 +387,11 @@ def test_a_continued_answer_goes_on_as_the_uninterrupted_one(
     for cut in (1, 9):
         engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
         head = whole.token_ids[:cut]
-        got: list[DecodeResult | None] = []
         request = Generate("c", False, params, prompt="-", prefix=tok.decode(head),
                            prefix_ids=tuple(head))
-        engine.submit(Work(request, prompt + head, "fp16", lambda *_: None,
-                           lambda: False, lambda w, r, e, got=got: got.append(r),
+        engine.submit(Work(request, prompt + head, "fp16",
                            spec=Speculation(ModelDrafter(drafter), 3, DepthStats())))
-        while not got:
-            engine.step()
-        result = got[0]
+        result = drive(engine, 1).result("c")
         assert result is not None
         assert result.completion_tokens == 24 - cut
         assert result.token_ids[-(24 - cut):] == whole.token_ids[cut:], cut
@@ -412,14 +428,12 @@ def test_a_batch_takes_plain_steps_while_a_prompt_joins_at_its_pace(
                "late": tok.encode(text[8000:10000])}
     budgets = {"a": 60, "b": 60, "late": 4}
     engine = Engine(model, tok, 4096, output_width(model), 8, KVBudget(1 << 30))
-    results: dict[str, DecodeResult | None] = {}
+    told = Transcript()
 
     def submit(rid: str) -> None:
         params = SamplingParams(max_tokens=budgets[rid], temperature=0)
         spec = Speculation(ModelDrafter(drafter), 3, DepthStats()) if rid != "late" else None
         engine.submit(Work(Generate(rid, False, params, prompt="-"), prompts[rid], "fp16",
-                           lambda *_: None, lambda: False,
-                           lambda w, r, e: results.__setitem__(w.request.request_id, r),
                            spec=spec))
 
     submit("a")
@@ -427,10 +441,12 @@ def test_a_batch_takes_plain_steps_while_a_prompt_joins_at_its_pace(
     while sum(len(lane.rows) for lane in engine.lanes.values()) < 2 or not any(
             v for v, _ in steps):
         engine.step()
+        told.read(engine.outbox)
     submit("late")
-    while len(results) < 3:
+    while len(told.ended) < 3:
         engine.step()
+        told.read(engine.outbox)
     assert any(j for _, j in steps), "the late prompt joined at the rows' pace"
     assert not any(v and j for v, j in steps), "no verify step while it joined"
     assert any(v and not j for v, j in steps)
-    each_as_alone(model, tok, prompts, budgets, results)
+    each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})

@@ -15,9 +15,10 @@ import structlog
 from structlog.testing import capture_logs
 
 from seatd.adaptive import DepthStats
-from seatd.batch import Engine, Work
+from seatd.batch import Engine
 from seatd.drafters import Draft, ModelDrafter
-from seatd.engine_types import DecodeResult, Speculation, output_width
+from seatd.engine_io import Admitted, Transcript, Work
+from seatd.engine_types import Speculation, output_width
 from seatd.kv_budget import KVBudget
 from seatd.sampling import Draws
 from seatd.shaping import Shaper
@@ -74,70 +75,76 @@ class FailingDrafter(ModelDrafter):
         raise RuntimeError("drafter fault")
 
 
-class BadEmit(Exception):
+class StepFault(Exception):
     pass
+
+
+class Logged:
+    """A seat's admission that writes a line naming nothing itself as each row is
+    admitted and as it ends (as the prompt cache does), and refuses `d`."""
+
+    def admit(self, work: Work) -> Admitted:
+        log.info("begun")
+        if work.rid == "d":
+            raise ValueError("refused before any work")
+        return Admitted(spec=work.spec, finish=lambda ok: log.info("row_ended", ok=ok))
+
+
+def ended(seen: Transcript, engine: Engine) -> int:
+    """Requests ended so far, the engine's new events read."""
+    seen.read(engine.outbox)
+    return len(seen.ended)
 
 
 def engine_lines(pair: tuple[Any, Any, Any]) -> tuple[Lines,
                                                        dict[str, BaseException | None]]:
     """Four requests through the engine running on a seat's bound MLX thread: `a` and
-    `b` share a lane whose step fails (b's text cannot be sent), `c` decodes beside
-    them with a drafter that fails, `d` is refused in `prepare`.  The callbacks of a
-    row's admission and end write a line naming nothing themselves."""
+    `b` share a lane whose step fails (an injected fault in the step over b), `c`
+    decodes beside them with a drafter that fails, `d` is refused at its admission."""
     model, tok, drafter = pair
-    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
-    ended: dict[str, BaseException | None] = {}
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30), Logged())
+    real = engine._plain_step
 
-    def emit(rid: str) -> Any:
-        def send(text: str, count: int, state: str, ids: Sequence[int] = (),
-                 logprobs: Sequence[object] = ()) -> None:
-            if rid == "b":
-                raise BadEmit("the client's frame could not be sent")
-        return send
+    def plain_step(lane: Any) -> None:
+        if any(r.rid == "b" for r in lane.rows):
+            raise StepFault("a forward over b failed")
+        real(lane)
 
-    def done(work: Work, result: DecodeResult | None, error: BaseException | None) -> None:
-        log.info("row_ended", failed=error is not None)
-        ended[work.request.request_id] = error
-
-    def refuse(work: Work) -> None:
-        log.info("prepared")
-        if work.request.request_id == "d":
-            raise ValueError("refused before any work")
-
+    setattr(engine, "_plain_step", plain_step)  # noqa: B010  # this engine's own
     params = SamplingParams(max_tokens=12, temperature=0)
     for rid, kv in (("a", "fp16"), ("b", "fp16"), ("c", "q8"), ("d", "fp16")):
         prompt = f"def {rid}_function(n):"
         spec = Speculation(FailingDrafter(drafter), 3, DepthStats()) if rid == "c" else None
         engine.submit(Work(Generate(rid, True, params, prompt=prompt), tok.encode(prompt), kv,
-                           emit(rid), lambda: False, done, prepare=refuse,
-                           begin=lambda work: log.info("begun"), spec=spec))
+                           spec=spec))
+    seen = Transcript()
     pool = bound_pool("mlx", seat="demo")
     with capture_logs(processors=MERGED) as lines:
         try:
             pool.submit(engine.run)
-            wait_for("every row ended", lambda: len(ended) == 4)
+            wait_for("every row ended", lambda: ended(seen, engine) == 4)
         finally:
             engine.stop()
             pool.shutdown(wait=True)
-    return lines, ended
+    return lines, {rid: seen.error(rid) for rid in seen.ended}
 
 
 def test_engine_lines_on_the_mlx_thread_name_their_rows_and_the_seat(
         pair: tuple[Any, Any, Any]) -> None:
     """Lines the engine writes for a row name its request, a failed step over a lane
-    names every request in it, and what the worker's callbacks write for a row is bound
-    to its request; every line names the seat."""
+    names every request in it, and what the seat's admission writes for a row, as it is
+    admitted and as it ends, is bound to its request; every line names the seat."""
     lines, ended = engine_lines(pair)
-    assert isinstance(ended["a"], BadEmit) and isinstance(ended["b"], BadEmit)
+    assert isinstance(ended["a"], StepFault) and isinstance(ended["b"], StepFault)
     assert ended["c"] is None and isinstance(ended["d"], ValueError)
     assert lines and all(line.get("seat") == "demo" for line in lines), lines
 
     def named(event: str) -> list[Any]:
         return [line.get("request_id") for line in lines if line["event"] == event]
 
-    assert sorted(named("prepared"), key=str) == ["a", "b", "c", "d"]
-    assert sorted(named("begun"), key=str) == ["a", "b", "c"]  # d never got past prepare
-    assert sorted(named("row_ended"), key=str) == ["a", "b", "c", "d"]
+    assert sorted(named("begun"), key=str) == ["a", "b", "c", "d"]
+    assert named("row_begin_failed") == ["d"]
+    assert sorted(named("row_ended"), key=str) == ["a", "b", "c"]  # d never started
     assert named("drafter_failed") == ["c"]
     [step] = [line for line in lines if line["event"] == "batch_step_failed"]
     assert sorted(step["request_ids"]) == ["a", "b"] and "request_id" not in step

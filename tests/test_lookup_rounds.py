@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from seatd.adaptive import MAX_DEPTH, observe
-from seatd.batch import Drafting, Engine, Work
+from seatd.batch import Drafting, Engine
 from seatd.batch_policy import StepPlan
 from seatd.counters import SeatCounters
 from seatd.drafters import LookupDrafter, ModelDrafter
+from seatd.engine_io import Transcript, Work
 from seatd.engine_types import DecodeResult, output_width
 from seatd.kv_budget import KVBudget
 from seatd.speculation import SeatSpeculation
@@ -65,19 +66,14 @@ def answers(target: Any, spec: SeatSpeculation | None, params: SamplingParams,
     host has taken, whichever drafter drafted them."""
     engine = Engine(target.model, target.tokenizer, 2048, output_width(target.model), 8,
                     KVBudget(1 << 30))
-    out: dict[int, DecodeResult | BaseException | None] = {}
     for i, prompt in enumerate(prompts):
         request = Generate(f"r{i}", False, params, prompt=prompt)
         plan = spec.plan(request, "fp16") if spec is not None else None
-
-        def done(work: Work, result: DecodeResult | None, error: BaseException | None,
-                 i: int = i) -> None:
-            out[i] = error or result
-
-        engine.submit(Work(request, target.tokenizer.encode(prompt), "fp16",
-                           lambda *a, **k: None, lambda: False, done, spec=plan))
-    while len(out) < len(prompts):
+        engine.submit(Work(request, target.tokenizer.encode(prompt), "fp16", spec=plan))
+    seen = Transcript()
+    while len(seen.ended) < len(prompts):
         engine.step()
+        seen.read(engine.outbox)
         for lane in engine.lanes.values():
             for row in lane.rows:
                 drafter = row.work.spec.drafter if row.work.spec is not None else None
@@ -87,7 +83,7 @@ def answers(target: Any, spec: SeatSpeculation | None, params: SamplingParams,
                 taken = row.issued - int(row.unread) - row.start
                 assert drafter.cache[0].offset + len(drafter.pending) \
                     == len(row.work.prompt) + taken, row.rid
-    results = [out[i] for i in range(len(prompts))]
+    results = [seen.error(f"r{i}") or seen.result(f"r{i}") for i in range(len(prompts))]
     for result in results:
         assert isinstance(result, DecodeResult), result
     return results  # type: ignore[return-value]

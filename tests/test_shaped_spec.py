@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 
 from seatd.adaptive import DepthStats
-from seatd.batch import Engine, Work
+from seatd.batch import Engine
 from seatd.decode import decode
 from seatd.drafters import Draft, LookupDrafter, ModelDrafter
+from seatd.engine_io import Ended, Text, Transcript, Work
 from seatd.engine_types import DecodeResult, Speculation, make_cache, output_width
 from seatd.kv_budget import KVBudget
 from seatd.sampling import Draws
@@ -77,15 +78,6 @@ def serve(pair: tuple[Any, Any, Any], asks: Sequence[Ask], failing: bool = False
     engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
     out = [Got() for _ in asks]
     for i, ask in enumerate(asks):
-        def emit(text: str, count: int, state: str, ids: Sequence[int] = (),
-                 logprobs: Sequence[TokenLogprob] = (), i: int = i) -> None:
-            out[i].ids.extend(ids)
-            out[i].logprobs.extend(logprobs)
-
-        def done(work: Work, result: DecodeResult | None, error: BaseException | None,
-                 i: int = i) -> None:
-            out[i].result, out[i].error = result, error
-
         plan = None
         if ask.drafter is not None:
             d: Any = (ModelDrafter(drafter_model) if ask.drafter == "model"
@@ -93,12 +85,18 @@ def serve(pair: tuple[Any, Any, Any], asks: Sequence[Ask], failing: bool = False
                       else Unshaping(drafter_model))
             plan = Speculation(d, ask.depth, DepthStats())
         request = Generate(str(i), True, ask.params, prompt=ask.prompt, solo=ask.solo or None)
-        work = Work(request, tok.encode(ask.prompt), "fp16", emit, lambda: False, done,
-                    spec=plan)
-        work.grammar = ask.grammar
-        engine.submit(work)
-    while any(g.result is None and g.error is None for g in out):
+        engine.submit(Work(request, tok.encode(ask.prompt), "fp16", grammar=ask.grammar,
+                           spec=plan))
+    seen = Transcript()
+    while len(seen.ended) < len(asks):
         engine.step()
+        for event in seen.read(engine.outbox):
+            got = out[int(event.rid)]
+            if isinstance(event, Text):
+                got.ids.extend(event.ids)
+                got.logprobs.extend(event.logprobs)
+            elif isinstance(event, Ended):
+                got.result, got.error = event.result, event.error
     for g in out:
         assert failing or g.error is None, g.error
     return out

@@ -311,6 +311,7 @@ def answer(state: Path, requests: list[protocol.Generate]
         engine = worker.loaded.engine
         assert engine is not None
         server = loop.run_in_executor(worker.mlx, engine.run)
+        preparer = loop.create_task(worker.prepared())
         try:
             for request in requests:
                 sock = Recorder()
@@ -319,6 +320,7 @@ def answer(state: Path, requests: list[protocol.Generate]
                 await sock.final.wait()
                 out[request.request_id] = sock.frames
         finally:
+            preparer.cancel()
             engine.stop()
             await server
 
@@ -326,6 +328,7 @@ def answer(state: Path, requests: list[protocol.Generate]
         asyncio.run(scenario())
     finally:
         worker.mlx.shutdown(wait=True)
+        worker.prep.shutdown(wait=True)
     return out, worker.counters.snapshot()
 
 

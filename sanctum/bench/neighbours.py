@@ -179,9 +179,10 @@ def decode_rows(loaded: Any, drafter_model: Any, cases: Sequence[Case], config: 
     has joined, so each answer is decoded in forwards of all the rows still going.
     `late` submits each case only once the cases before it decode or are done."""
     from seatd.adaptive import DepthStats
-    from seatd.batch import Engine, Work
+    from seatd.batch import Engine
     from seatd.drafters import ModelDrafter
-    from seatd.engine_types import DecodeResult, Speculation, output_width
+    from seatd.engine_io import Transcript, Work
+    from seatd.engine_types import Speculation, output_width
     from seatd.kv_budget import KVBudget
     from shared.protocol import Generate, SamplingParams
 
@@ -201,35 +202,31 @@ def decode_rows(loaded: Any, drafter_model: Any, cases: Sequence[Case], config: 
         step(lane)
 
     setattr(engine, "_decode", watched)  # noqa: B010  # an instance attribute, not the class
-    got: dict[int, tuple[DecodeResult | None, BaseException | None]] = {}
+    got = Transcript()
     extra: dict[str, Any] = {"solo": True} if solo else {}
 
     def under_way(i: int) -> bool:
-        return i in got or any(r.rid == f"n{i}" for lane in engine.lanes.values()
+        return f"n{i}" in got.ended or any(r.rid == f"n{i}" for lane in engine.lanes.values()
                                for r in lane.rows)
 
     for i, case in enumerate(cases):
         while late and i and not under_way(i - 1):
             engine.step()
+            got.read(engine.outbox)
         params = SamplingParams(temperature=case.temperature, top_p=case.top_p,
                                 top_k=case.top_k, max_tokens=tokens, seed=case.seed)
         spec = None
         if config != "plain":
             spec = Speculation(ModelDrafter(drafter_model), int(config.removeprefix("d")),
                                DepthStats())
-
-        def done(work: Work, result: DecodeResult | None, error: BaseException | None,
-                 i: int = i) -> None:
-            got[i] = (result, error)
-
         engine.submit(Work(Generate(f"n{i}", False, params, **extra), list(case.prompt_ids),
-                           "fp16", lambda *_: None, lambda: False, done,
-                           spec=spec))
-    while len(got) < len(cases):
+                           "fp16", spec=spec))
+    while len(got.ended) < len(cases):
         engine.step()
+        got.read(engine.outbox)
     out = []
     for i in range(len(cases)):
-        result, error = got[i]
+        result, error = got.result(f"n{i}"), got.error(f"n{i}")
         if result is None:
             raise RuntimeError(f"row {i} ({cases[i].workload}) failed: {error!r}")
         rep = result.speculation
