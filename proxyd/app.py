@@ -25,8 +25,8 @@ from aiohttp.web_urldispatcher import _default_expect_handler
 from proxyd.auth import allowed_routes, auth
 from proxyd.counters import render_metrics
 from proxyd.doors import anthropic_api, door_of, error_body, openai_responses_api
+from proxyd.doors.door import Door
 from proxyd.doors.openai_api import ChatRequest, CompletionRequest, read_chat, read_completion
-from proxyd.doors.openai_door import Door
 from proxyd.doors.openai_fields import ignored_fields, ignored_header
 from proxyd.front import serve
 from proxyd.hosted import HostedClient

@@ -19,7 +19,7 @@ from contextlib import aclosing
 
 from aiohttp import web
 
-from proxyd.doors.openai_door import Door
+from proxyd.doors.door import Door
 from proxyd.events import Abort, Answer, Commit, Done, Text
 from proxyd.journey import Journey
 from proxyd.proxy import Proxy

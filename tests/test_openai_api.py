@@ -5,7 +5,8 @@ import json
 import pytest
 
 from proxyd.doors import openai_api
-from proxyd.doors.openai_api import DEFAULT_MAX_TOKENS, validation_param
+from proxyd.doors.door import validation_param
+from proxyd.doors.openai_api import DEFAULT_MAX_TOKENS
 from shared.config import ProxyConfig
 from shared.errors import BadRequest
 

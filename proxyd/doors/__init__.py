@@ -1,6 +1,8 @@
 """The front doors: this package holds one module pair per API (its body's reading,
-`*_api.py`; its answer's writing, `*_door.py`) and what they share (`openai_fields.py`:
-the fields every door answers about; `openai_tools.py`: tools and structured output);
+`*_api.py`; its answer's writing, `*_door.py`) and what they share (`door.py`: the
+`Door` protocol, and `DoorRequest`, the base of every body, with its one decoding;
+`openai_fields.py`: the fields every door answers about; `openai_tools.py`: tools and
+structured output);
 this module, the door of each path and each door's error shape.
 
     door_of(path) -> str | None        "chat", "completions", "messages", "responses"

@@ -46,7 +46,7 @@ import msgspec
 from proxyd import limits as lim
 from proxyd.doors import openai_tools as tools
 from proxyd.doors.anthropic_door import MessagesDoor
-from proxyd.doors.openai_api import SanctumOptions, decode_body
+from proxyd.doors.door import DoorRequest, SanctumOptions, decode_body
 from proxyd.doors.openai_fields import ABSENT, Refusable, refuse_asked
 from proxyd.doors.openai_tools import (
     CallId,
@@ -145,10 +145,9 @@ class OutputConfig(msgspec.Struct, frozen=True):
     format: OutputFormat | None = None
 
 
-class _Body(msgspec.Struct, frozen=True):
+class _Body(DoorRequest, frozen=True):
     """What the Messages and count_tokens bodies share."""
 
-    model: str
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
     system: str | list[TextBlock] | None = None
     tools: list[AnthropicTool] | None = None
@@ -184,17 +183,6 @@ class MessagesRequest(_Body, frozen=True):
 class CountTokensRequest(_Body, frozen=True):
     """POST /v1/messages/count_tokens."""
 
-
-class _StrictMessages(MessagesRequest, frozen=True, forbid_unknown_fields=True):
-    pass
-
-
-class _StrictCount(CountTokensRequest, frozen=True, forbid_unknown_fields=True):
-    pass
-
-
-_STRICT: dict[type[Any], type[Any]] = {MessagesRequest: _StrictMessages,
-                                       CountTokensRequest: _StrictCount}
 
 # ---------------------------------------------------------------------------
 # The fields
@@ -270,7 +258,7 @@ T = TypeVar("T", bound=_Body)
 
 
 def _decode(body: bytes, kind: type[T]) -> tuple[T, tuple[str, ...]]:
-    return decode_body(body, kind, _STRICT[kind])
+    return decode_body(body, kind)
 
 
 # ---------------------------------------------------------------------------

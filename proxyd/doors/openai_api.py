@@ -4,30 +4,24 @@
     read_completion(body, limits) -> Completion     and its unknown fields, `ignored`
 
 What each top-level field is (honoured, accepted or refused) is proxyd/doors/openai_fields.py's
-table; the unknown ones are found at no cost for a body that has none: it is decoded
-into a Struct that forbids unknown top-level fields, and only a body that fails that is
-decoded again leniently (the error it gets is then the lenient decode's) and its keys
-read once more as raw values.  Fields that need no decoding (accepted ones, and refused
-ones unless present) stay raw JSON.
-
-A known field with a wrong type or an out-of-range value is a 400 that names the field
-(msgspec's path `$.messages[0].role` becomes `param` "messages[0].role"; a body that
-is not one JSON object is `param` "body").  The config's input limits
-(proxyd/limits.py) are applied here, after decoding: the body's own size was bounded
-before it was read.
+table; the bodies derive from `proxyd.doors.door.DoorRequest` and are read as every
+door's are (`decode_body`: unknown top-level fields ignored and named, a wrong field a
+400 that names it).  Fields that need no decoding (accepted ones, and refused ones
+unless present) stay raw JSON.  The config's input limits (proxyd/limits.py) are
+applied here, after decoding: the body's own size was bounded before it was read.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from proxyd import limits as lim
 from proxyd.doors import openai_tools as tools
+from proxyd.doors.door import DoorRequest, SanctumOptions, decode_body
 from proxyd.doors.openai_door import ChatDoor, CompletionDoor
-from proxyd.doors.openai_fields import ABSENT, ignored_fields, refuse_unsupported, sanitise
+from proxyd.doors.openai_fields import ABSENT, refuse_unsupported, sanitise
 from proxyd.doors.openai_tools import CallId, MessageToolCall, ResponseFormat, Tool, ToolChoice
 from shared.config import ProxyConfig
 from shared.errors import BadRequest
@@ -76,22 +70,7 @@ class StreamOptions(msgspec.Struct, frozen=True):
     include_usage: bool = False
 
 
-class SanctumOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Per-request overrides of the seat's settings, under the body's `sanctum` key."""
-
-    kv: Literal["fp16", "q8"] | None = None
-    speculation: bool | None = None
-    # false: neither reuse nor leave a cached prompt prefix on the seat
-    prompt_cache: bool | None = None
-    # pins the draft length of this request (0 = plain), for measuring speculation
-    draft_depth: Annotated[int, msgspec.Meta(ge=0, le=16)] | None = None
-    # true: decode as a row of its own, never in a forward with other requests, so a
-    # seeded answer's bytes cannot depend on its neighbours (it costs batching's gain)
-    solo: bool | None = None
-
-
-class _Common(msgspec.Struct, frozen=True):
-    model: str
+class _Common(DoorRequest, frozen=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: Temperature | None = None
@@ -113,7 +92,8 @@ class _Common(msgspec.Struct, frozen=True):
 
 
 class ChatRequest(_Common, frozen=True):
-    messages: Annotated[list[Message], msgspec.Meta(min_length=1)] = []
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1)] = msgspec.field(
+        default_factory=list)
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
     # Rendered by the model's chat template (and so counted against the cap).
@@ -146,69 +126,6 @@ class CompletionRequest(_Common, frozen=True):
     echo: bool = False
     suffix: msgspec.Raw = ABSENT
     best_of: msgspec.Raw = ABSENT
-
-
-# Decoded first: the same bodies with no unknown top-level field (see the docstring).
-class _StrictChat(ChatRequest, frozen=True, forbid_unknown_fields=True):
-    pass
-
-
-class _StrictCompletion(CompletionRequest, frozen=True, forbid_unknown_fields=True):
-    pass
-
-
-_STRICT: dict[type[Any], type[Any]] = {ChatRequest: _StrictChat,
-                                       CompletionRequest: _StrictCompletion}
-
-T = TypeVar("T", bound=_Common)
-
-_AT = re.compile(r" - at `\$\.?([^`]*)`$")
-# A field named in the message itself: one that is missing, or unknown where unknown
-# fields are refused (`sanctum`).
-_NAMED = re.compile(r"^Object (?:missing required|contains unknown) field `([^`]*)`")
-
-
-def validation_param(message: str) -> str:
-    """The field a msgspec ValidationError names, as `param`: "messages[0].role" for
-    "... - at `$.messages[0].role`", "model" for a missing top-level `model`, "body"
-    for the body itself (not an object); a map's value (`$.logit_bias[...]`) is named
-    by the map."""
-    at = _AT.search(message)
-    path = at.group(1).replace("[...]", "") if at else ""
-    named = _NAMED.match(message)
-    if named:
-        path = f"{path}.{named.group(1)}" if path else named.group(1)
-    return path or "body"
-
-
-S = TypeVar("S", bound=msgspec.Struct)
-
-
-def decode_body(body: bytes, kind: type[S], strict: type[S]) -> tuple[S, tuple[str, ...]]:
-    """The body as `kind`, and the unknown top-level fields it had (sanitised): decoded
-    first as `strict`, the same Struct forbidding unknown fields, so a body with none
-    costs one decode (every door reads its body so).  A body nested past
-    `limits.MAX_JSON_DEPTH` is refused before decoding."""
-    if not body:
-        raise BadRequest("the request body is empty; expected a JSON object", param="body")
-    lim.check_depth(body)
-    try:
-        try:
-            return msgspec.json.decode(body, type=strict), ()
-        except msgspec.ValidationError:
-            req = msgspec.json.decode(body, type=kind)
-        return req, ignored_fields(body, kind)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        raise BadRequest(f"invalid request: {text}", param=validation_param(text)) from None
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"the request body is not valid JSON: {exc}", param="body") from None
-    except RecursionError:
-        raise BadRequest("the request body is nested too deeply", param="body") from None
-
-
-def _decode(body: bytes, kind: type[T]) -> tuple[T, tuple[str, ...]]:
-    return decode_body(body, kind, _STRICT[kind])
 
 
 # ---------------------------------------------------------------------------
@@ -405,7 +322,7 @@ class Completion(msgspec.Struct, frozen=True):
 
 def read_chat(body: bytes, limits: ProxyConfig) -> Chat:
     """The chat body as typed values, or a 400/413 naming the field."""
-    req, ignored = _decode(body, ChatRequest)
+    req, ignored = decode_body(body, ChatRequest)
     messages = _messages(req, limits)
     names = tools.check_tools(req.tools or (), limits)
     choice = tools.tool_choice(req.tool_choice, names)
@@ -419,7 +336,7 @@ def read_chat(body: bytes, limits: ProxyConfig) -> Chat:
 
 def read_completion(body: bytes, limits: ProxyConfig) -> Completion:
     """The completion body as typed values, or a 400/413 naming the field."""
-    req, ignored = _decode(body, CompletionRequest)
+    req, ignored = decode_body(body, CompletionRequest)
     prompt = req.prompt
     field = "prompt"
     if isinstance(prompt, list):

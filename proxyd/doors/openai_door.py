@@ -33,7 +33,7 @@ OpenAI's own value for a token of no probability: JSON has no -inf.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
@@ -48,21 +48,6 @@ KEEPALIVE = b": keepalive\n\n"
 _HOLE = "\x00hole\x00"
 _HOLE_JSON = _encode(_HOLE)
 LOGPROB_FLOOR = -9999.0
-
-
-class Door(Protocol):
-    """What the plumbing (proxyd/front.py) needs from a front door."""
-
-    stream: bool
-    name: str  # the door's label in the counters: "chat", "completions", ...
-
-    def opening(self, a: Answer) -> bytes: ...
-    def text(self, a: Answer, piece: Text) -> bytes: ...
-    def closing(self, a: Answer, finish: str | None, usage: Usage) -> bytes: ...
-    def body(self, done: Done) -> bytes: ...
-    def error_event(self, message: str, code: str, extra: dict[str, Any]) -> bytes: ...
-    def trailer(self, a: Answer) -> bytes: ...
-    def keepalive(self) -> bytes: ...
 
 
 def usage_body(u: Usage) -> dict[str, Any]:

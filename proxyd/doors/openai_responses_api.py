@@ -38,14 +38,8 @@ import msgspec
 
 from proxyd import limits as lim
 from proxyd.doors import openai_tools as tools
-from proxyd.doors.openai_api import (
-    MaxTokens,
-    SanctumOptions,
-    Temperature,
-    TopLogprobs,
-    TopP,
-    decode_body,
-)
+from proxyd.doors.door import DoorRequest, SanctumOptions, decode_body
+from proxyd.doors.openai_api import MaxTokens, Temperature, TopLogprobs, TopP
 from proxyd.doors.openai_fields import ABSENT, Refusable, refuse_asked, sanitise
 from proxyd.doors.openai_responses_door import ResponsesDoor
 from proxyd.doors.openai_tools import CallId, Name
@@ -114,11 +108,10 @@ class TextConfig(msgspec.Struct, frozen=True):
     verbosity: str | None = None
 
 
-class ResponsesRequest(msgspec.Struct, frozen=True):
+class ResponsesRequest(DoorRequest, frozen=True):
     """The body, as the SDK's ResponseCreateParams names it (lenient: unknown top-level
     fields are ignored).  Fields kept raw are the accepted and refused ones."""
 
-    model: str
     input: str | list[Item] | None = None
     instructions: str | None = None
     stream: bool = False
@@ -155,10 +148,6 @@ class ResponsesRequest(msgspec.Struct, frozen=True):
     moderation: msgspec.Raw = ABSENT
     image: msgspec.Raw = ABSENT
     access_programs: msgspec.Raw = ABSENT
-
-
-class _Strict(ResponsesRequest, frozen=True, forbid_unknown_fields=True):
-    """Decoded first: a body with no unknown top-level field costs one decode."""
 
 
 # ---------------------------------------------------------------------------
@@ -253,7 +242,7 @@ def logprobs_asked(req: ResponsesRequest) -> int | None:
 
 
 def _decode(body: bytes) -> tuple[ResponsesRequest, tuple[str, ...]]:
-    return decode_body(body, ResponsesRequest, _Strict)
+    return decode_body(body, ResponsesRequest)
 
 
 @contextmanager
