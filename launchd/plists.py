@@ -14,6 +14,16 @@ each seat's health (back-off, FATAL, restarts).  The keys that matter:
 - `EnvironmentVariables`: launchd gives jobs a bare PATH, so it is explicit,
   and the kill switches are there for an operator to flip with one edit.
 
+Two flavours.  A user agent (`~/Library/LaunchAgents`, the user's `gui` domain) starts
+when its user logs in; its logs go to `~/Library/Logs/Sanctum`.  A system daemon
+(`/Library/LaunchDaemons`, the `system` domain: `Install.user` set) starts at boot with
+nobody logged in, as that service account: `UserName`, `GroupName`, an explicit `HOME`,
+`Umask` 027 (what it writes is not world-readable), logs in `/Library/Logs/Sanctum`:
+its lines in `SERVICE.log` (the process appends there itself, `SANCTUM_LOG_FILE`, so
+that newsyslog can rotate it), whatever else reaches stdout or stderr (a traceback
+before logging starts) in `SERVICE.err.log`.  Its secrets come from a private file
+named in `SANCTUM_ENV_FILE` (`shared.env_file`), never from the plist.
+
     python -m launchd.plists render SERVICE --sanctum BIN --home DIR [--config FILE]
                                             [--set KEY=VALUE]...
     python -m launchd.plists templates DIR      the committed templates, placeholders in
@@ -42,6 +52,8 @@ DEFAULT_PATH = "/opt/homebrew/bin:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 # an acceleration path off without a new config; "off" disables, "on" is normal.
 KILL_SWITCHES = {"SANCTUM_SPECULATION": "on", "SANCTUM_PROMPT_CACHE": "on"}
 LOG_DIR = "Library/Logs/Sanctum"
+SYSTEM_LOG_DIR = "/" + LOG_DIR
+UMASK = 0o027  # a daemon's files: group-readable at most, never world-readable
 # Log files are read by tools: JSON lines, whatever launchd's environment says
 # (shared/logs.py would choose JSON there anyway; this makes it explicit).
 LOG_ENV = {"SANCTUM_LOG_FORMAT": "json"}
@@ -58,6 +70,10 @@ class Install:
     drain_s: float = DEFAULT_DRAIN_S
     path: str = DEFAULT_PATH
     env: dict[str, str] = field(default_factory=dict)
+    # A system daemon: the service account it runs as, and its primary group.
+    user: str | None = None
+    group: str | None = None
+    env_file: str | None = None  # the daemon's secrets (`shared.env_file`)
 
 
 def label(service: str) -> str:
@@ -76,6 +92,11 @@ def log_paths(service: str, home: str) -> tuple[str, str]:
     return f"{base}/{service}.log", f"{base}/{service}.err.log"
 
 
+def daemon_logs(service: str) -> tuple[str, str]:
+    """A system daemon's log (its own lines) and its stdout/stderr file."""
+    return f"{SYSTEM_LOG_DIR}/{service}.log", f"{SYSTEM_LOG_DIR}/{service}.err.log"
+
+
 def build(service: str, install: Install) -> dict[str, Any]:
     """The plist of one service, as a dict for plistlib."""
     if service not in SERVICES:
@@ -85,7 +106,17 @@ def build(service: str, install: Install) -> dict[str, Any]:
         args += ["--config", install.config]
     out, err = log_paths(service, install.home)
     env = {"PATH": install.path, **KILL_SWITCHES, **LOG_ENV, **install.env}
-    return {
+    daemon: dict[str, Any] = {}
+    if install.user is not None:
+        log, out = daemon_logs(service)
+        err = out
+        env = {**env, "HOME": install.home, "SANCTUM_LOG_FILE": log}
+        if install.env_file:
+            env["SANCTUM_ENV_FILE"] = install.env_file
+        daemon = {"UserName": install.user, "Umask": UMASK}
+        if install.group:
+            daemon["GroupName"] = install.group
+    return {**daemon,
         "Label": label(service),
         "ProgramArguments": args,
         "RunAtLoad": True,
@@ -140,6 +171,32 @@ def check(service: str, data: dict[str, Any], drain_s: float = DEFAULT_DRAIN_S) 
             want(env.get(name) in ("on", "off"), f"EnvironmentVariables.{name} must be on/off")
     for key in ("StandardOutPath", "StandardErrorPath"):
         want(f"/{LOG_DIR}/" in str(data.get(key, "")), f"{key} must be under ~/{LOG_DIR}")
+    if "UserName" in data:
+        problems += _daemon_problems(data)
+    return problems
+
+
+def _daemon_problems(data: dict[str, Any]) -> list[str]:
+    """What a system daemon's plist needs beyond an agent's."""
+    problems = []
+    env = data.get("EnvironmentVariables")
+    env = env if isinstance(env, dict) else {}
+    if data.get("UserName") in ("root", "", None):
+        problems.append("UserName must be a service account, not root")
+    if data.get("Umask") != UMASK:
+        problems.append(f"Umask must be {UMASK:03o} (decimal {UMASK})")
+    if not str(env.get("HOME", "")).startswith("/"):
+        problems.append("EnvironmentVariables.HOME must be the account's home")
+    for key in ("StandardOutPath", "StandardErrorPath"):
+        if not str(data.get(key, "")).startswith(SYSTEM_LOG_DIR + "/"):
+            problems.append(f"{key} must be under {SYSTEM_LOG_DIR}")
+    if not str(env.get("SANCTUM_LOG_FILE", "")).startswith(SYSTEM_LOG_DIR + "/"):
+        problems.append(f"EnvironmentVariables.SANCTUM_LOG_FILE must be under {SYSTEM_LOG_DIR}")
+    secret = [k for k in env if any(w in k.upper() for w in ("KEY", "TOKEN", "SECRET",
+                                                            "PASSWORD"))]
+    if secret:
+        problems.append(f"EnvironmentVariables must hold no secret ({', '.join(secret)}): "
+                        "put it in the SANCTUM_ENV_FILE file")
     return problems
 
 

@@ -5,6 +5,8 @@
     sanctum check [--config FILE]             validate and print every layer's caps
     sanctum status | counters [--json] | restart SEAT
     sanctum models                            the models packaged with Sanctum
+    sanctum service install|status|logs|restart|uninstall
+                                              system LaunchDaemons (`sanctum.service`)
 """
 
 from __future__ import annotations
@@ -45,6 +47,19 @@ def _load(args: argparse.Namespace) -> Config:
     return config
 
 
+def service_env() -> None:
+    """The secrets file of a service (`shared.env_file`), before its config is read."""
+    from shared import env_file
+
+    path = os.environ.get(env_file.ENV)
+    if not path:
+        return
+    try:
+        env_file.load(path, os.environ)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{env_file.ENV}: {exc}") from None
+
+
 def cmd_seatd(args: argparse.Namespace) -> int:
     from seatd.supervisor import Supervisor
     from shared.lifecycle import die_with_parent
@@ -52,6 +67,7 @@ def cmd_seatd(args: argparse.Namespace) -> int:
 
     setup_logging("seatd")
     die_with_parent()
+    service_env()
     config = _load(args)
     preflight(config)
     return asyncio.run(Supervisor(config, args.config).run())
@@ -64,6 +80,7 @@ def cmd_proxyd(args: argparse.Namespace) -> int:
 
     setup_logging("proxyd")
     die_with_parent()
+    service_env()
     config = _load(args)
     preflight(config)
     return loops.run(run_proxy(config))
@@ -460,8 +477,10 @@ def parser() -> argparse.ArgumentParser:
     add("models", cmd_models, "models packaged with Sanctum")
     _keys_args(add("keys", cmd_keys, "make a CURVE key pair for a seat on another machine"))
     from sanctum.bench.cli import add_bench
+    from sanctum.service import add_service
 
     add_bench(sub)
+    add_service(sub)
     return p
 
 

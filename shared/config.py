@@ -390,15 +390,22 @@ def listen_address(config: Config) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def state_dir(config: Config) -> Path:
-    """Sockets, counters and pid files.  `SANCTUM_STATE_DIR` overrides the config."""
+def state_dir(config: Config, home: str | None = None) -> Path:
+    """Sockets, counters and pid files.  `SANCTUM_STATE_DIR` overrides the config.
+    `home`: another account's home, for `~` (the service account's, at install)."""
+
+    def expand(path: str) -> Path:
+        if home is not None and (path == "~" or path.startswith("~/")):
+            return Path(home + path[1:])
+        return Path(path).expanduser()
+
     chosen = os.environ.get("SANCTUM_STATE_DIR") or config.seatd.state_dir
     if chosen:
-        return Path(chosen).expanduser()
+        return expand(chosen)
     if sys.platform == "darwin":
-        return Path("~/Library/Application Support/Sanctum").expanduser()
-    runtime = os.environ.get("XDG_STATE_HOME")
-    base = Path(runtime) if runtime else Path("~/.local/state").expanduser()
+        return expand("~/Library/Application Support/Sanctum")
+    runtime = os.environ.get("XDG_STATE_HOME") if home is None else None
+    base = Path(runtime) if runtime else expand("~/.local/state")
     return base / "sanctum"
 
 

@@ -17,6 +17,12 @@ thousand requests a second writes a line each; one write per line cost 35 us of 
 under load).  A line from any other thread, or with no loop running, is written at once,
 after those waiting; whatever waits is written at exit.
 
+Where: stderr, unless `SANCTUM_LOG_FILE` names a file (the system LaunchDaemons set it:
+`/Library/Logs/Sanctum/seatd.log`); lines are appended to it, and when the file at that
+path is no longer the one open (newsyslog renamed it to rotate it) it is opened again,
+checked at most once a second (`ReopeningFile`).  A seat worker inherits the variable and
+appends to its seatd's file.
+
 Human lines: `18:04:05 [info     ] worker:demo model_loaded      path=... seconds=1.2`
 (local time, level, process, event, key=values), coloured only on a terminal and
 only when `NO_COLOR` is unset or empty (no-color.org).  Every process of `sanctum up`
@@ -40,6 +46,8 @@ import structlog
 from structlog.typing import Processor
 
 FORMAT_ENV = "SANCTUM_LOG_FORMAT"
+LOG_FILE_ENV = "SANCTUM_LOG_FILE"
+REOPEN_CHECK_S = 1.0
 FORMATS = ("json", "human")
 LAUNCHD_ENV = "XPC_SERVICE_NAME"
 
@@ -89,6 +97,46 @@ class LineSink:
             self.stream.flush()
         except (OSError, ValueError):  # a closed or broken stderr must not stop the process
             pass
+
+
+class ReopeningFile:
+    """A log file open for appending, opened again once the file at its path is another
+    one (renamed away by a rotation, or removed): looked at, at most, every
+    REOPEN_CHECK_S of `clock`."""
+
+    def __init__(self, path: str, clock: Any = time.monotonic) -> None:
+        self.path = path
+        self.clock = clock
+        self.file = self._open()
+        self.checked = clock()
+
+    def _open(self) -> TextIO:
+        handle = open(self.path, "a", encoding="utf-8", buffering=1 << 16)
+        info = os.fstat(handle.fileno())
+        self.ident = (info.st_dev, info.st_ino)
+        return handle
+
+    def _moved(self) -> bool:
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return True
+        return (info.st_dev, info.st_ino) != self.ident
+
+    def write(self, text: str) -> int:
+        now = self.clock()
+        if now - self.checked >= REOPEN_CHECK_S:
+            self.checked = now
+            if self._moved():
+                self.file.close()
+                self.file = self._open()
+        return self.file.write(text)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def isatty(self) -> bool:
+        return False
 
 
 class SinkLogger:
@@ -175,12 +223,19 @@ def processors(fmt: str, colours: bool) -> list[Processor]:
 def setup_logging(process: str, level: str | None = None) -> None:
     chosen = (level or os.environ.get("SANCTUM_LOG_LEVEL") or "info").upper()
     numeric = getattr(logging, chosen, logging.INFO)
+    stream: Any = sys.stderr
+    unopened = None
+    if os.environ.get(LOG_FILE_ENV):
+        try:
+            stream = ReopeningFile(os.environ[LOG_FILE_ENV])
+        except OSError as exc:  # said on stderr, once set up: the lines go there
+            unopened = str(exc)
     try:
-        isatty = sys.stderr.isatty()
+        isatty = stream.isatty()
     except (AttributeError, ValueError):  # replaced or closed stderr: not a person
         isatty = False
     fmt = choose_format(os.environ, isatty)
-    sink = LineSink(sys.stderr)
+    sink = LineSink(stream)
     _sinks.append(sink)
     structlog.configure(
         processors=processors(fmt, use_colour(os.environ, isatty)),
@@ -191,6 +246,9 @@ def setup_logging(process: str, level: str | None = None) -> None:
     structlog.contextvars.bind_contextvars(process=process, pid=os.getpid())
     # aiohttp and asyncio log through the standard library; keep them quiet.
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)
+    if unopened is not None:
+        structlog.get_logger().warning("log_file_unusable", error=unopened,
+                                       using="stderr")
     asked = os.environ.get(FORMAT_ENV, "").strip().lower()
     if asked and asked not in FORMATS:
         structlog.get_logger().warning("log_format_unknown", asked=asked, using=fmt,
