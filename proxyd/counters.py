@@ -28,6 +28,9 @@ LABELLED: dict[str, tuple[str, ...]] = {
     # a stream that broke after its commit and was continued by another rung: why, and
     # from which rung to which (counted when the continuing rung sends its first text)
     "continuations": ("reason", "from_seat", "to_seat"),
+    # hosted rungs that answered a continuation's assistant prefill with a 400: asked
+    # afresh from then on (proxyd/replay.py); shown under continuations
+    "prefill_refused": ("seat",),
     # requests refused at the door: a missing or unknown key, a route the key may not
     # use (proxyd/auth.py); a key over its request rate, by the key's name (never the
     # key); a field over its limit (proxyd/limits.py)
@@ -93,7 +96,9 @@ class ProxyCounters:
         for (reason, src, dst), v in self.labelled["continuations"].items():
             by_reason[reason] = by_reason.get(reason, 0) + v
             by_pair[f"{src}>{dst}"] = by_pair.get(f"{src}>{dst}", 0) + v
-        out["continuations"] = {"by_reason": by_reason, "by_pair": by_pair}
+        out["continuations"] = {"by_reason": by_reason, "by_pair": by_pair,
+                                "prefill_refused": {k[0]: v for k, v in
+                                                    self.labelled["prefill_refused"].items()}}
         door_errors: dict[str, dict[str, int]] = {}
         for (door, kind), v in self.labelled["door_errors"].items():
             door_errors.setdefault(door, {})[kind] = v

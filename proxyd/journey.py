@@ -66,10 +66,11 @@ from proxyd.ladder import (
 from proxyd.load_wait import Waited, must_wait, wait_for_rung
 from proxyd.proxy import Proxy
 from proxyd.readiness import rung_states
+from proxyd.replay import DIVERGED, Replay
 from proxyd.seat_state import SeatState
 from shared.caps import Verdict
 from shared.config import RouteConfig
-from shared.errors import BadRequest, Loading, client_error
+from shared.errors import CONTEXT_LENGTH, BadRequest, Loading, client_error
 from shared.protocol import (
     Chunk,
     Failed,
@@ -87,6 +88,8 @@ log = structlog.get_logger()
 # The skip of a rung that could not take a begun answer: its chat template refused the
 # chat (a 400 before the commit, where it is the request's fault).
 TEMPLATE_REFUSED = "template_refused"
+# A rung asked afresh whose answer did not replay the text already sent.
+DIVERGED_REASON = "replay_diverged"
 
 
 def may_continue(gen: Generate, hosted: bool) -> bool:
@@ -139,6 +142,10 @@ class Try:
     broke: tuple[str, Failed | Rejected] | None
     held: Held = field(default_factory=Held)
     ended: bool = False
+    # A continuation asked afresh of a rung that takes no prefill: its answer replays
+    # the text sent before it goes on (`proxyd.replay`).
+    replay: Replay | None = None
+    refused_prefill: bool = False  # it answered the prefill with a 400: ask it afresh
 
 
 class Journey:
@@ -180,6 +187,8 @@ class Journey:
             return self.gen
         client = self.proxy.clients[name]
         hosted = not client.local
+        if hosted and not self.proxy.takes_prefill(name):
+            return self.gen  # asked afresh: its answer replays the text sent
         pong = client.pong
         ids = prefix_ids(self.segments, pong.tokenizer_hash) if pong is not None else None
         return continued(self.gen, "".join(self.sent), ids,
@@ -205,13 +214,18 @@ class Journey:
             gen, verdict, pong, probe = taken
             if answer is None:
                 answer = Answer(rid, name, self.created)
-            now = Try(name, Segment(name, tokenizer=pong.tokenizer_hash if pong else "",
-                                    ids=[] if pong else None), broke)
-            # closed with the journey: a client that leaves mid-answer cancels the rung's
-            # work at once (`aclosing` closes its frames)
-            async with aclosing(self._try(now, answer, gen, verdict, probe)) as attempt:
-                async for event in attempt:
-                    yield event
+            while True:
+                now = Try(name, Segment(name, tokenizer=pong.tokenizer_hash if pong else "",
+                                        ids=[] if pong else None), broke,
+                          replay=self.replay_for(name))
+                # closed with the journey: a client that leaves mid-answer cancels the
+                # rung's work at once (`aclosing` closes its frames)
+                async with aclosing(self._try(now, answer, gen, verdict, probe)) as attempt:
+                    async for event in attempt:
+                        yield event
+                if not now.refused_prefill:
+                    break
+                gen, probe = self.request_for(name), False  # the same rung, afresh
             if now.ended:
                 return
             broke = now.broke
@@ -239,6 +253,14 @@ class Journey:
                                gone=self.gone, tries=1 if probe else None)
         async with aclosing(frames) as it:
             async for frame in it:
+                if type(frame) is Chunk and now.replay is not None:
+                    taken = now.replay.take(frame)
+                    if taken is DIVERGED:
+                        self.diverged(name)
+                        return
+                    if taken is None:
+                        continue
+                    frame = taken
                 if type(frame) is Chunk:
                     if not self.committed and self.gone():  # before anything went out
                         self.left()
@@ -272,6 +294,9 @@ class Journey:
                 if step is Step.RETURN_ERROR:
                     assert isinstance(outcome, Rejected)
                     self.refuse(name, outcome, verdict)
+                if step is Step.CONTINUE and self.refuses(name, gen, outcome):
+                    self.proxy.refused_prefill(name)
+                    now.refused_prefill = True
                 if step is Step.CONTINUE:
                     assert isinstance(outcome, Failed | Rejected)
                     # A rung that could not continue before sending any of its own
@@ -475,6 +500,28 @@ class Journey:
         answer.served = frame.served_if_ok
         answer.speculation = frame.speculation or answer.speculation
         answer.fingerprint = frame.fingerprint or answer.fingerprint
+
+    def replay_for(self, name: str) -> Replay | None:
+        """A continuing hosted rung asked afresh replays the text the client has."""
+        if self.committed and not self.proxy.clients[name].local \
+                and not self.proxy.takes_prefill(name):
+            return Replay("".join(self.sent))
+        return None
+
+    def refuses(self, name: str, gen: Generate, outcome: Outcome) -> bool:
+        """A hosted rung's 400 to a continuation's prefill: it takes none (a context-
+        length refusal says the longer prompt did not fit, not that)."""
+        return (isinstance(outcome, Rejected) and outcome.code != CONTEXT_LENGTH
+                and gen.prefix is not None and not self.proxy.clients[name].local)
+
+    def diverged(self, name: str) -> None:
+        """A rung asked afresh answered otherwise than the text sent: its try ends
+        before any of it went out, listed, and the ladder goes on.  Not a failure of the
+        rung's health: its circuit is not told."""
+        self.attempts.append((name, Failed(DIVERGED_REASON)))
+        self.proxy.counters.inc("attempts", name, "failed")
+        log.info("continuation_diverged", request_id=self.gen.request_id, seat=name,
+                 sent_chars=sum(len(t) for t in self.sent))
 
     def seam(self, broke: tuple[str, Failed | Rejected], name: str) -> None:
         """A continuing rung sends its first text: counted by the failure that made it

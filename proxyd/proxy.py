@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import structlog
 import zmq
 import zmq.asyncio
 from aiohttp import web
@@ -32,6 +33,7 @@ from shared.config import Config, SeatConfig, control_endpoint, worker_endpoint
 from shared.protocol import GetCounters, Outcome, control_reply_decoder, encode
 from shared.protocol import SeatCounters as SeatCountersReply
 
+log = structlog.get_logger()
 
 class Proxy:
     """Everything the handlers share, built once from the config."""
@@ -52,6 +54,22 @@ class Proxy:
         # Client keys (proxyd/keys.py) and, per rate-limited key, its recent requests.
         self.keys: KeyRing = load_keys(config, os.environ)
         self.rate_windows: dict[str, tuple[float, ...]] = {}
+        # Hosted rungs that answered an assistant prefill with a 400, until a restart.
+        self.prefill_refused: set[str] = set()
+
+    def takes_prefill(self, name: str) -> bool:
+        """Whether a continuation is asked of rung `name` with an assistant prefill (else
+        afresh, `proxyd.replay`)."""
+        return self.seats[name].prefill and name not in self.prefill_refused
+
+    def refused_prefill(self, name: str) -> None:
+        """Rung `name` answered a prefill with a 400: remembered, counted, said once."""
+        if name in self.prefill_refused:
+            return
+        self.prefill_refused.add(name)
+        self.counters.inc("prefill_refused", name)
+        log.warning("prefill_refused", seat=name,
+                    then="continuations are asked afresh and replayed")
 
     async def start(self) -> None:
         await self.admission.start()

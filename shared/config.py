@@ -149,7 +149,7 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # both kinds; unset = the kind's default (`first_token_s`, `stall_s`).  A local
     # seat's first-token clock starts when it takes the request off its queue (before
     # that, queue_timeout_s applies); a hosted rung's when the request is sent, so a
-    # silent provider is left within 15 s.
+    # silent provider is left within 10 s.
     first_token_timeout_s: Positive | None = None
     stall_timeout_s: Positive | None = None
     # hosted (openai) seats
@@ -159,6 +159,12 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     offbox: bool = False
     # hosted (openai) seats: the non-OpenAI sampling fields the upstream takes (above).
     upstream_fields: tuple[UpstreamField, ...] = ()
+    # hosted (openai) seats: whether the upstream takes an assistant prefill (a chat
+    # ending with an assistant turn to go on from).  false: a begun answer is continued
+    # here by asking afresh and sending on only what extends the text already sent
+    # (proxyd/replay.py).  An upstream that answers a prefill with a 400 is remembered
+    # as false until the proxy restarts.
+    prefill: bool = True
     # hosted (openai) seats: timeouts and retries of one request (proxyd/hosted.py).
     # A request gets total_timeout_s on this rung, retries and pauses included;
     # transient faults (reset before any byte, 429, 500, 502, 503, 504) are tried
@@ -169,7 +175,7 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_attempts: PositiveInt = 3
     backoff_initial_s: Positive = 0.5
     backoff_max_s: Positive = 8.0
-    retry_after_max_s: Annotated[float, msgspec.Meta(ge=0)] = 20.0
+    retry_after_max_s: Annotated[float, msgspec.Meta(ge=0)] = 5.0
     # local (mlx) seats: the prompt cache (seatd/prompt_cache.py).  Megabytes of KV
     # kept for prompt prefixes, within kv_budget_mb; 0 = off.
     prompt_cache_mb: Annotated[int, msgspec.Meta(ge=0)] = 512
@@ -204,8 +210,9 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 # Defaults by seat kind.  A local seat may prefill a long prompt before its first token
 # (65,536 tokens take minutes on a small Mac); a hosted provider that sends nothing for
-# 15 s is failed over, as is one whose stream stops for 15 s.
-FIRST_TOKEN_S: dict[str, float] = {"mlx": 120.0, "openai": 15.0}
+# 10 s is failed over (so a fallback's answer still lands inside a client's common 15 s
+# budget), as is one whose stream stops for 15 s.
+FIRST_TOKEN_S: dict[str, float] = {"mlx": 120.0, "openai": 10.0}
 STALL_S: dict[str, float] = {"mlx": 30.0, "openai": 15.0}
 
 
@@ -282,6 +289,9 @@ def _check_local(seat: SeatConfig, where: str) -> None:
     if seat.upstream_fields:
         raise ConfigError(f"{where}.upstream_fields: only for kind = \"openai\" "
                           "(a local seat honours every field)")
+    if not seat.prefill:
+        raise ConfigError(f"{where}.prefill: only for kind = \"openai\" (a local seat "
+                          "continues an answer from its exact tokens)")
 
 
 def _check_hosted(seat: SeatConfig, where: str) -> None:

@@ -42,6 +42,7 @@ max_attempts = 3
 backoff_initial_s = 0.05
 backoff_max_s = 0.2
 retry_after_max_s = 3.0
+prefill = {prefill}
 """
 
 CONFIG = """
@@ -62,7 +63,7 @@ class HostedRig:
                  cooldown: float = 30.0, first_token: float = 1.0, stall: float = 0.8,
                  extra_seats: str = "", clock: ManualClock | None = None,
                  answer: str | None = None, backup_cap: int = 100000,
-                 keepalive: float = 10.0) -> None:
+                 keepalive: float = 10.0, backup_prefill: bool = True) -> None:
         """`clock`: run proxyd in this process on that clock (tests/proxy_thread.py).
         `answer`: both upstreams know this one answer (as two providers of one model), so
         that an answer one begins the other can finish."""
@@ -74,9 +75,10 @@ class HostedRig:
                                    model="backup-v7")
         seats = "".join(
             SEAT.format(name=n, url=u.url, key_env=KEY_ENV, cap=cap,
-                        first_token=first_token, stall=stall)
-            for n, u, cap in (("primary", self.primary, 100000),
-                              ("backup", self.backup, backup_cap)))
+                        first_token=first_token, stall=stall,
+                        prefill="true" if prefill else "false")
+            for n, u, cap, prefill in (("primary", self.primary, 100000, True),
+                                       ("backup", self.backup, backup_cap, backup_prefill)))
         self.config = self.dir / "c.toml"
         self.config.write_text(CONFIG.format(port=self.port, cooldown=cooldown,
                                              keepalive=keepalive, seats=seats + extra_seats))
@@ -115,6 +117,13 @@ class HostedRig:
         return http("POST", self.url + "/v1/chat/completions",
                     body={"model": "m", "messages": MSG, "stream": stream, **extra},
                     timeout=timeout)
+
+    def messages(self, stream: bool = False, timeout: float = 60,
+                 **extra: Any) -> tuple[int, dict[str, str], bytes]:
+        """One Anthropic Messages request to the route."""
+        return http("POST", self.url + "/v1/messages",
+                    body={"model": "m", "messages": MSG, "stream": stream,
+                          "max_tokens": 100, **extra}, timeout=timeout)
 
     def counters(self) -> dict[str, Any]:
         return json.loads(http("GET", self.url + "/counters")[2])

@@ -123,7 +123,7 @@ EXAMPLE = Path(__file__).parent.parent / "deploy" / "example.toml"
 # Options of one seat kind only (the rest apply to both).
 HOSTED_ONLY = {"base_url", "api_key_env", "upstream_model", "offbox", "connect_timeout_s",
                "total_timeout_s", "max_attempts", "backoff_initial_s", "backoff_max_s",
-               "retry_after_max_s", "upstream_fields"}
+               "retry_after_max_s", "upstream_fields", "prefill"}
 LOCAL_ONLY = {"model", "drafter", "kv", "compute_dtype", "speculation", "draft_depth",
               "memory_budget_mb", "prompt_cache_mb", "max_batch", "kv_budget_mb",
               "max_queued", "queue_timeout_s", "trust_remote_code", "endpoint", "remote",
@@ -212,9 +212,10 @@ def _kind_default(kind: str, key: str) -> float:
 
 
 @pytest.mark.parametrize(("kind", "first_token", "stall"), [("mlx", 120.0, 30.0),
-                                                           ("openai", 15.0, 15.0)])
+                                                           ("openai", 10.0, 15.0)])
 def test_seat_timeouts_default_by_kind(kind: str, first_token: float, stall: float) -> None:
-    """A hosted rung fails over a silent or stalled provider within 15 s; a local seat
+    """A hosted rung fails over a silent provider within 10 s (a fallback then still
+    lands inside a client's 15 s) and a stalled one within 15 s; a local seat
     gives a long prompt's prefill two minutes.  A configured value wins either way."""
     seat = SeatConfig(name="x", kind=kind)  # type: ignore[arg-type]
     assert (seat.first_token_s, seat.stall_s) == (first_token, stall)

@@ -91,7 +91,8 @@ def continued_ok(rig: HostedRig, headers: dict[str, str], datas: list[dict[str, 
     assert asked["messages"] == [*MSG, {"role": "assistant", "content": words(sent)}]
     assert asked["max_tokens"] == 100 - sent
     c = rig.counters()["proxy"]
-    assert c["continuations"] == {"by_reason": {reason: 1}, "by_pair": {"primary>backup": 1}}
+    assert c["continuations"] == {"by_reason": {reason: 1}, "by_pair": {"primary>backup": 1},
+                                  "prefill_refused": {}}
     assert c["midstream_aborts"] == 0 and c["answered_by"] == {"backup": 1}
     return last
 
@@ -197,20 +198,90 @@ def test_a_continuation_that_breaks_too_ends_with_its_error(make_rig: MakeRig) -
     assert rig.counters()["proxy"]["midstream_aborts"] == 1
 
 
-def test_a_rung_that_refuses_prefill_is_not_the_failure_reported(make_rig: MakeRig) -> None:
-    """The backup answers 400 to a trailing assistant message: the stream ends with the
-    error of the rung that broke (the primary's cut), and both tries are listed."""
+def refusing_then_afresh(rig: HostedRig, datas: list[dict[str, Any]], names: list[str],
+                         sent: int) -> None:
+    """The checks of a stream the backup finished asked afresh after it refused the
+    prefill: the whole answer once, a finish and [DONE]; the backup's second request
+    is the original one (no assistant turn, the whole max_tokens); its segment counts
+    only the words it added."""
+    assert streamed_text(datas) == WHOLE
+    assert finish_reasons(datas) == ["stop"] and names == ["[DONE]", "sanctum"]
+    last = datas[-1]["sanctum"]
+    assert last["attempts"] == "primary=failed:stream_cut; backup=rejected:400; backup=ok"
+    assert [(s["seat"], s["tokens"]) for s in last["segments"]] == [("primary", sent),
+                                                                   ("backup", 60 - sent)]
+    prefilled, afresh = rig.backup.requests
+    assert prefilled["messages"][-1] == {"role": "assistant", "content": words(sent)}
+    assert afresh["messages"] == MSG and afresh["max_tokens"] == 100
+
+
+def test_a_rung_that_refuses_prefill_finishes_the_answer_asked_afresh(
+        make_rig: MakeRig) -> None:
+    """The backup answers 400 to a trailing assistant message: it is remembered as
+    taking no prefill (counted, logged once) and asked the request afresh; its answer
+    replays the 20 words the client has, and only the 40 after them go on.  A second
+    stream cut on the same route asks the backup afresh at once: no prefill."""
     rig = make_rig(primary=["cut:20"], backup=["refuse_prefill"])
+    _, datas, names = stream(rig)
+    refusing_then_afresh(rig, datas, names, 20)
+    c = rig.counters()["proxy"]["continuations"]
+    assert c["prefill_refused"] == {"backup": 1}
+    assert c["by_reason"] == {"stream_cut": 1}
+    rig.primary.set_script(["cut:30"])
+    _, datas, names = stream(rig)
+    assert streamed_text(datas) == WHOLE and names == ["[DONE]", "sanctum"]
+    assert datas[-1]["sanctum"]["attempts"] == "primary=failed:stream_cut; backup=ok"
+    assert len(rig.backup.requests) == 3 and rig.backup.requests[2]["messages"] == MSG
+    c = rig.counters()["proxy"]["continuations"]
+    assert c["prefill_refused"] == {"backup": 1} and c["by_reason"] == {"stream_cut": 2}
+    assert rig.logs().count('"prefill_refused"') == 1
+    assert rig.counters()["proxy"]["circuits"]["backup"] == "closed"
+
+
+def test_a_messages_stream_is_finished_by_a_rung_that_refuses_prefill(
+        make_rig: MakeRig) -> None:
+    """The same at /v1/messages: the client's text deltas make the whole answer once,
+    and the stream ends with message_stop (then the `sanctum` trailer)."""
+    rig = make_rig(primary=["cut:25"], backup=["refuse_prefill"])
+    code, _, raw = rig.messages(stream=True)
+    assert code == 200, raw
+    datas, names = sse_data(raw)
+    text = "".join(d["delta"].get("text", "") for d in datas
+                   if d.get("type") == "content_block_delta")
+    assert text == WHOLE
+    assert "error" not in names and names[-2:] == ["message_stop", "sanctum"]
+    stops = [d["delta"].get("stop_reason") for d in datas if d.get("type") == "message_delta"]
+    assert stops == ["end_turn"]
+    assert [r["messages"] for r in rig.backup.requests][1] == MSG
+
+
+def test_a_rung_set_to_take_no_prefill_is_never_sent_one(make_rig: MakeRig) -> None:
+    """`prefill = false`: the backup is asked afresh from the start."""
+    rig = make_rig(primary=["cut:20"], backup=["ok"], backup_prefill=False)
+    _, datas, names = stream(rig)
+    assert streamed_text(datas) == WHOLE and names == ["[DONE]", "sanctum"]
+    assert datas[-1]["sanctum"]["attempts"] == "primary=failed:stream_cut; backup=ok"
+    assert [r["messages"] for r in rig.backup.requests] == [MSG]
+    assert rig.counters()["proxy"]["continuations"]["prefill_refused"] == {}
+
+
+@pytest.mark.parametrize(("backup", "other", "ended"), [
+    (["refuse_prefill", "cut:10"], None, "failed:stream_cut"),
+    (["refuse_prefill"], "another answer altogether", "failed:replay_diverged")])
+def test_a_rung_asked_afresh_that_cannot_finish_leaves_the_honest_error(
+        make_rig: MakeRig, backup: list[str], other: str | None, ended: str) -> None:
+    """Asked afresh, the backup breaks before it has replayed the 20 words sent, or
+    answers something else: the client gets no word of it, and the stream ends with
+    the error of the rung that broke (the primary's cut), every try listed."""
+    rig = make_rig(primary=["cut:20"], backup=backup)
+    if other is not None:
+        rig.backup.answer = other
     _, datas, names = stream(rig)
     assert streamed_text(datas) == words(20) and names == ["error"]
     err = datas[-1]["error"]
     assert err["seat"] == "primary" and "stream_cut" in err["message"]
-    assert err["attempts"] == "primary=failed:stream_cut; backup=rejected:400"
-    assert rig.tries() == (1, 1)
-    # The same backup answers a new request in full: it refused only the prefill.
-    rig.primary.set_script(["status:503"])
-    code, _, raw = rig.chat()
-    assert code == 200 and text_of(raw) == WHOLE
+    assert err["attempts"] == f"primary=failed:stream_cut; backup=rejected:400; backup={ended}"
+    assert rig.tries() == (1, 2)
     assert rig.counters()["proxy"]["circuits"]["backup"] == "closed"
 
 

@@ -98,7 +98,8 @@ def test_crash_midstream_is_continued_by_the_next_local_seat(make_rig) -> None:
     assert generate["prefix"] == "t1 t2 t3 "
     assert rig.upstream.requests == []
     c = rig.counters()["proxy"]
-    assert c["continuations"] == {"by_reason": {"worker_lost": 1}, "by_pair": {"brain>coder": 1}}
+    assert c["continuations"] == {"by_reason": {"worker_lost": 1}, "by_pair": {"brain>coder": 1},
+                                  "prefill_refused": {}}
     assert c["midstream_aborts"] == 0
 
 
