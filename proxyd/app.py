@@ -273,7 +273,9 @@ async def counters(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     proxy = request.app[PROXY]
     live = {name: {"rows_active": c.pong.rows, "rows_queued": c.pong.queued,
-                   "kv_bytes": c.pong.kv_bytes}
+                   "kv_bytes": c.pong.kv_bytes, "loaded_bytes": c.pong.loaded_bytes,
+                   "kv_budget_bytes": c.pong.kv_budget_bytes,
+                   "memory_budget_bytes": c.pong.memory_budget_bytes}
             for name, c in proxy.clients.items() if isinstance(c, SeatClient) and c.pong}
     body = render_metrics(proxy.counters, await proxy.seat_counters(), live)
     return web.Response(body=body, content_type="text/plain", charset="utf-8")

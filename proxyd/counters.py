@@ -110,7 +110,8 @@ class ProxyCounters:
 
 # Seat values that are a state now, not a total: rendered as gauges.
 SEAT_GAUGES = ("prompt_cache_entries", "prompt_cache_bytes", "rows_active", "rows_queued",
-               "kv_bytes", "incarnation")
+               "kv_bytes", "incarnation", "loaded_bytes", "kv_budget_bytes",
+               "memory_budget_bytes")
 
 
 class _Snapshot(Collector):

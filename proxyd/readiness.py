@@ -74,6 +74,11 @@ async def health(request: web.Request) -> web.Response:
                        "rows": pong.rows if pong else 0,
                        "max_batch": pong.max_batch if pong else 0,
                        "kv_bytes": pong.kv_bytes if pong else 0,
+                       # its memory (seatd/memory.py): the model loaded, the KV room
+                       # within its budget, the budget (0: none)
+                       "loaded_bytes": pong.loaded_bytes if pong else 0,
+                       "kv_budget_bytes": pong.kv_budget_bytes if pong else 0,
+                       "memory_budget_bytes": pong.memory_budget_bytes if pong else 0,
                        "waiting": c.waiting}
     routes = routes_body(proxy)
     states = {r["state"] for r in routes.values()}

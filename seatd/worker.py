@@ -33,7 +33,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from seatd import blas, warm_shapes
+from seatd import blas, memory, warm_shapes
 from seatd.answer import seam
 from seatd.backend import backend, device_name, seat_environment
 from seatd.batch import Engine
@@ -50,6 +50,7 @@ from seatd.fingerprint import (
 )
 from seatd.grammar import GrammarError, GrammarRefusal, SeatGrammar
 from seatd.kv_budget import KVBudget, row_bytes
+from seatd.memory import MB
 from seatd.prompt_cache import SeatPromptCache
 from seatd.sampling import KEYED_RULE
 from seatd.seating import SeatAdmission
@@ -158,6 +159,8 @@ class SeatWorker:
         self.loop: asyncio.AbstractEventLoop | None = None
         # Whether a batch neighbour can round a row's bytes here (`seatd.fingerprint`).
         self.rows_round_apart = rows_round_apart(backend())
+        # The seat's memory once loaded (`kv_budget`), shown in its pongs.
+        self.loaded_bytes = self.kv_budget_bytes = self.memory_budget_bytes = 0
 
     @property
     def engine(self) -> Engine | None:
@@ -193,6 +196,9 @@ class SeatWorker:
             rows=len(self.running),
             max_batch=self.seat.max_batch,
             kv_bytes=engine.kv_bytes if engine is not None else 0,
+            loaded_bytes=self.loaded_bytes,
+            kv_budget_bytes=self.kv_budget_bytes,
+            memory_budget_bytes=self.memory_budget_bytes,
         )
 
     def final(self, job: Job, outcome: Outcome, **fields: Any) -> Final:
@@ -287,10 +293,6 @@ class SeatWorker:
         prints = {kv: fingerprint(digest, got.compute_dtype, kv, device, KEYED_RULE,
                                   PREFILL_CHUNK) for kv in ("fp16", "q8")}
         cache = SeatPromptCache(self.seat, got.model)
-        mb = 1024 * 1024
-        budget = KVBudget(self.seat.kv_budget_mb * mb,
-                          min(self.seat.prompt_cache_mb, self.seat.kv_budget_mb) * mb,
-                          cache.hold)
         width = output_width(got.model)
         if spec.kind is not None and spec.unusable is None and spec.rollback.get("fp16") \
                 and not kill_switch(self.seat) and warm_shapes.wanted(backend()):
@@ -301,6 +303,7 @@ class SeatWorker:
                                     spec.drafter_model)
             except Exception as exc:
                 log.warning("warm_up_failed", error=repr(exc))
+        budget = self.kv_budget(cache)
         marks = turn_marks(got.tokenizer)
         engine = Engine(got.model, got.tokenizer, got.context_length, width,
                         self.seat.max_batch, budget, SeatAdmission(cache, spec, marks),
@@ -308,6 +311,26 @@ class SeatWorker:
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,
                       spec, cache, marks, width, prints, engine,
                       seat_family(got.tokenizer), SeatGrammar(got.tokenizer, width))
+
+    def kv_budget(self, cache: SeatPromptCache) -> KVBudget:
+        """The bytes rows and the prompt cache may use: `kv_budget_mb`, or less where
+        the seat's memory budget leaves less past its loaded model (`seatd.memory`)."""
+        import mlx.core as mx
+
+        mx.clear_cache()  # what a warm-up freed is not the seat's to count
+        seat = self.seat
+        self.loaded_bytes = memory.in_use(backend())
+        budget = seat.memory_budget_mb * MB if seat.memory_budget_mb else None
+        room = memory.kv_room(seat.kv_budget_mb * MB, budget, self.loaded_bytes)
+        if budget is not None:
+            # Freed buffers MLX keeps for reuse count in the process's memory: a quarter
+            # of the headroom, the rest for a step's live activations.
+            mx.set_cache_limit(room.headroom // 4)
+        self.memory_budget_bytes, self.kv_budget_bytes = budget or 0, room.kv
+        log.info("memory_budget", loaded_mb=round(self.loaded_bytes / MB, 1),
+                 kv_mb=round(room.kv / MB, 1), headroom_mb=round(room.headroom / MB, 1),
+                 memory_budget_mb=seat.memory_budget_mb, limited=room.limited)
+        return KVBudget(room.kv, min(seat.prompt_cache_mb * MB, room.kv), cache.hold)
 
     def tokenize(self, request: Generate) -> list[int]:
         assert self.loaded is not None

@@ -272,6 +272,11 @@ class Pong(msgspec.Struct, frozen=True, tag="pong"):
     rows: int = 0  # requests decoding (or prefilling) as rows of the batch
     max_batch: int = 0
     kv_bytes: int = 0  # KV of the rows in flight, in bytes
+    # The seat's memory (`seatd.memory`): what it held once loaded, the KV bytes its rows
+    # and prompt cache may use, and its memory budget (0: none set).
+    loaded_bytes: int = 0
+    kv_budget_bytes: int = 0
+    memory_budget_bytes: int = 0
 
 
 class Chunk(msgspec.Struct, frozen=True, tag="chunk"):

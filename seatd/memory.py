@@ -1,0 +1,64 @@
+"""A seat's memory: its model, the prompt cache and every row's KV under one budget.
+
+On a Mac the weights, the prompt cache and each row's KV share one unified memory, and a
+process that asks Metal for more than there is dies.  So a seat with `memory_budget_mb`
+counts them together: what the process holds once its model is loaded (`in_use`: its
+resident memory on the CPU, and the device's own figure of the memory MLX holds on a
+GPU), a headroom for a step's activations and MLX's free-buffer cache, and what is left
+for KV.  Rows are admitted within that (`seatd.kv_budget`); the rest queue on today's
+queue clock and are answered 503 overloaded past it.  A seat without a memory budget
+keeps `kv_budget_mb` alone.
+
+    headroom(room) -> bytes                      activations and cached buffers
+    kv_room(kv_budget, memory_budget, in_use)    the KV bytes rows and the prompt cache
+        -> Room                                  may use, and why
+
+Pure; `in_use()` reads the process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MB = 1024 * 1024
+HEADROOM_MIN = 64 * MB
+HEADROOM_MAX = 512 * MB
+
+
+@dataclass(frozen=True)
+class Room:
+    kv: int  # bytes for rows in flight and the prompt cache
+    headroom: int  # bytes kept for activations and MLX's cached buffers (0: no budget)
+    limited: bool  # the memory budget, not kv_budget_mb, set `kv`
+
+
+def headroom(room: int) -> int:
+    """An eighth of what the budget leaves past the loaded model, within 64-512 MiB: a
+    prefill chunk's activations and the buffers MLX keeps for reuse (a quarter of it:
+    the worker sets MLX's cache limit so)."""
+    return min(HEADROOM_MAX, max(HEADROOM_MIN, room // 8))
+
+
+def kv_room(kv_budget: int, memory_budget: int | None, in_use: int) -> Room:
+    """The KV bytes of a seat: `kv_budget` alone, or what `memory_budget` leaves past the
+    model loaded (`in_use`) and the headroom, whichever is less (never below 0: a
+    request alone is still admitted, bounded by the context length)."""
+    if memory_budget is None:
+        return Room(kv_budget, 0, False)
+    spare = max(0, memory_budget - in_use)
+    keep = headroom(spare)
+    room = max(0, spare - keep)
+    return Room(min(kv_budget, room), keep, room < kv_budget)
+
+
+def in_use(backend: str) -> int:
+    """What the process holds now: resident memory, plus MLX's device memory on a GPU
+    (Metal's unified memory is not in a process's resident set)."""
+    import psutil
+
+    total = int(psutil.Process().memory_info().rss)
+    if backend != "cpu":
+        import mlx.core as mx
+
+        total += int(mx.get_active_memory())
+    return total
