@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.web_urldispatcher import _default_expect_handler
 
 from proxyd.auth import allowed_routes, auth
+from proxyd.cors import allowed, answer_headers, preflight
 from proxyd.counters import render_metrics
 from proxyd.doors import anthropic_api, door_of, error_body, openai_responses_api
 from proxyd.doors.door import Door
@@ -120,6 +121,26 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return json_response(error_body(door, error)[0], exc.status,
                              {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers
                              else None)
+
+
+@web.middleware
+async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A listed origin's preflight, answered before any key is asked for
+    (proxyd/cors.py); everything else goes on."""
+    origin = request.headers.get("Origin")
+    if (request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers
+            and origin and allowed(origin, request.app[PROXY].config.proxy.cors_origins)):
+        return web.Response(status=204, headers=preflight(
+            origin, request.headers.get("Access-Control-Request-Headers")))
+    return await handler(request)
+
+
+async def _cors_answer(request: web.Request, response: web.StreamResponse) -> None:
+    """A listed origin's answer (a stream's too, as it starts) names the origin."""
+    origin = request.headers.get("Origin")
+    if origin and allowed(origin, request.app[PROXY].config.proxy.cors_origins) \
+            and "Access-Control-Allow-Origin" not in response.headers:
+        response.headers.update(answer_headers(origin))
 
 
 # -- handlers -------------------------------------------------------------
@@ -291,9 +312,14 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 def make_app(config: Config, clock: Clock = real_clock) -> web.Application:
     """The application; `clock` decides breakers and seat clocks (tests pass a ManualClock)."""
     proxy = Proxy(config, clock)
-    # With no keys every request passes `auth`: it is not a layer of every request then.
-    app = web.Application(middlewares=[errors, auth] if proxy.keys else [errors],
-                          client_max_size=config.proxy.max_body_bytes)
+    # With no keys every request passes `auth`: it is not a layer of every request then;
+    # nor is CORS without an origin listed.
+    layers = [errors, auth] if proxy.keys else [errors]
+    if config.proxy.cors_origins:
+        layers.insert(0, cors)
+    app = web.Application(middlewares=layers, client_max_size=config.proxy.max_body_bytes)
+    if config.proxy.cors_origins:
+        app.on_response_prepare.append(_cors_answer)
     app[PROXY] = proxy
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=expect_body)

@@ -367,6 +367,11 @@ def _check_keys(config: Config, report: Report) -> None:
     except ConfigError as exc:
         report.errors.append(f"client keys: {exc}")
         return
+    if keys and "*" in config.proxy.cors_origins:
+        report.warnings.append(
+            'proxy.cors_origins has "*" and client keys are set: any page may call the '
+            "port, and a key in a page's code is readable by whoever loads it (list the "
+            "pages' origins instead)")
     if not keys and _open_listen(config):
         report.warnings.append(
             f"proxy.listen {config.proxy.listen} is reachable from the network and no "

@@ -19,6 +19,7 @@ The rules are `proxyd.ladder.unsupported`'s.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tomllib
 from importlib import resources
@@ -52,6 +53,9 @@ class ProxyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # and request rates).  Neither set: no authentication.  Never in this file.
     api_keys_env: str | None = None
     api_keys_file: str | None = None
+    # Origins whose browser pages may call the port (proxyd/cors.py), as
+    # "scheme://host[:port]"; "*" for any.  Empty: no CORS header at all.
+    cors_origins: tuple[str, ...] = ()
     # A request whose every ready-able rung is still loading waits this long for one
     # to be ready, then gets 503 `loading` with Retry-After; 0 = answer at once.
     load_wait_s: Annotated[float, msgspec.Meta(ge=0)] = 60.0
@@ -275,6 +279,13 @@ def _check(config: Config) -> None:
     host, _, port = config.proxy.listen.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"proxy.listen: expected HOST:PORT, got {config.proxy.listen!r}")
+    for i, origin in enumerate(config.proxy.cors_origins):
+        if origin != "*" and not _ORIGIN.fullmatch(origin):
+            raise ConfigError(f"proxy.cors_origins[{i}]: an origin is scheme://host[:port] "
+                              f"with no path, or \"*\"; got {origin!r}")
+
+
+_ORIGIN = re.compile(r"https?://[A-Za-z0-9.\-\[\]:]+")
 
 
 def _check_local(seat: SeatConfig, where: str) -> None:

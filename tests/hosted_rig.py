@@ -51,6 +51,7 @@ listen = "127.0.0.1:{port}"
 breaker_threshold = 3
 breaker_cooldown_s = {cooldown}
 keepalive_s = {keepalive}
+{proxy_extra}
 {seats}
 [[route]]
 model = "m"
@@ -63,7 +64,8 @@ class HostedRig:
                  cooldown: float = 30.0, first_token: float = 1.0, stall: float = 0.8,
                  extra_seats: str = "", clock: ManualClock | None = None,
                  answer: str | None = None, backup_cap: int = 100000,
-                 keepalive: float = 10.0, backup_prefill: bool = True) -> None:
+                 keepalive: float = 10.0, backup_prefill: bool = True,
+                 proxy_extra: str = "", env: dict[str, str] | None = None) -> None:
         """`clock`: run proxyd in this process on that clock (tests/proxy_thread.py).
         `answer`: both upstreams know this one answer (as two providers of one model), so
         that an answer one begins the other can finish."""
@@ -81,8 +83,10 @@ class HostedRig:
                                        ("backup", self.backup, backup_cap, backup_prefill)))
         self.config = self.dir / "c.toml"
         self.config.write_text(CONFIG.format(port=self.port, cooldown=cooldown,
-                                             keepalive=keepalive, seats=seats + extra_seats))
-        self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.dir / "s"), **{KEY_ENV: KEY})
+                                             keepalive=keepalive, proxy_extra=proxy_extra,
+                                             seats=seats + extra_seats))
+        self.env = dict(os.environ, SANCTUM_STATE_DIR=str(self.dir / "s"), **{KEY_ENV: KEY},
+                        **(env or {}))
         self.log = self.dir / "proxy.log"
         self.proxy: subprocess.Popen[bytes] | ProxyThread
         self.pids: set[int] = set()
