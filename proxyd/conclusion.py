@@ -10,7 +10,7 @@ that applies names the error:
     2. some rung cannot honour a field of the request (skipped, or    400 unsupported_field,
        a hosted rung that refused it unsent), and every other could    naming the field
        not take the request either (that, or over its cap)
-    3. every rung was skipped as over the proxy's cap                 413 prompt_too_long,
+    3. every rung was skipped as over the proxy's cap                 413 context_length_exceeded,
                                                                       naming the largest
     4. some rung was busy (queue full, or not started in time), and   503 overloaded
        every other was busy, loading or skipped                        (Retry-After)

@@ -24,6 +24,12 @@ gets), piece by piece:
     an unclosed call at    parsed when the family's end marker is optional (Mistral
       the end               has none; an end marker that is an EOS token never shows
                            in the text), else sent on as text and counted a failure
+    a call the budget cut  (the answer ran out of tokens inside it: `close(cut=True)`)
+                           the door's own cut call, as OpenAI returns one: its name
+                           (the forced function's, the request's only tool, or the
+                           first of the request's tools its text names) and the
+                           arguments generated so far, never its markup as text; with
+                           no name to give, dropped and counted a failure
     a call after the       dropped, neither a call nor text, when the request says
       first                 parallel_tool_calls false: the client asked for one call
     blanks after a call    held: sent with the text that follows them, dropped when
@@ -46,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -152,6 +159,32 @@ def calls_of(parsed: Any, names: frozenset[str] | None) -> list[tuple[str, str]]
     return out
 
 
+# Where a cut call's arguments begin: JSON syntaxes' key, or Mistral's marker.
+_ARGUMENTS = re.compile(r'"(?:arguments|parameters)"\s*:\s*|\[ARGS\]')
+_PART_NAME = re.compile(r'"name"\s*:\s*"([^"]+)$')  # a JSON call's name, still open
+
+
+def cut_call(inner: str, names: frozenset[str] | None, forced: str | None
+             ) -> tuple[str, str] | None:
+    """(name, arguments so far) of a call the budget cut, from its text between the
+    start marker and the cut; None when no name can be given."""
+    name = forced
+    if name is None and names is not None and len(names) == 1:
+        name = next(iter(names))
+    if name is None and names:
+        at = {n: inner.find(n) for n in names if n in inner}
+        if at:
+            name = min(at, key=lambda n: (at[n], -len(n)))
+    if name is None and names:  # a name cut short: the one tool it can only begin
+        part = _PART_NAME.search(inner)
+        begun = [n for n in names if part and n.startswith(part.group(1))]
+        name = begun[0] if len(begun) == 1 else None
+    if name is None:
+        return None
+    m = _ARGUMENTS.search(inner)
+    return name, inner[m.end():].rstrip() if m else ""
+
+
 class Split(NamedTuple):
     """What one piece of answer text became: text to send, and completed calls."""
 
@@ -163,8 +196,9 @@ class ToolSplitter:
     """One answer's text split into plain text and tool calls (module docstring)."""
 
     def __init__(self, family: Family, tools: Sequence[Any] | None, request_id: str,
-                 parallel: bool = True) -> None:
+                 parallel: bool = True, forced: str | None = None) -> None:
         self.family = family
+        self.forced = forced  # the function tool_choice names
         self.tools = list(tools) if tools else None
         self.names = tool_names(tools)
         self.request_id = request_id
@@ -212,8 +246,9 @@ class ToolSplitter:
         self.state, segments = TextStateMachine.split(self.state, text)
         return self._sending(self._take(segments))
 
-    def close(self) -> Split:
-        """The answer ended: what was held back, and an unclosed call (module docstring)."""
+    def close(self, cut: bool = False) -> Split:
+        """The answer ended (`cut`: it ran out of tokens): what was held back, and an
+        unclosed call (module docstring)."""
         if self.closed:
             return Split("")
         self.closed = True
@@ -222,7 +257,9 @@ class ToolSplitter:
         end = Split("")
         if self.inside:
             self.inside = False
-            if self.family.end_optional:
+            if cut:
+                end = self._cut(self.held)
+            elif self.family.end_optional:
                 end = self._call(self.held, closed=False)
             else:
                 self.failures += 1
@@ -230,6 +267,19 @@ class ToolSplitter:
             self.held = ""
         self.gap = ""  # blanks after the last call
         return self._sending(Split(out.text + end.text, out.calls + end.calls))
+
+    def _cut(self, inner: str) -> Split:
+        """A call the budget cut: the cut call, or nothing (module docstring)."""
+        self._blanks()  # the blanks before it belong to the call's syntax
+        got = cut_call(inner, self.names, self.forced)
+        if got is None or (not self.parallel and self.made >= 1):
+            self.failures += got is None
+            self.dropped += got is not None
+            return Split("")
+        name, arguments = got
+        call = ToolCall(self.made, call_id(self.request_id, self.made), name, arguments)
+        self.made += 1
+        return Split("", (call,))
 
     def _blanks(self) -> str:
         gap, self.gap, self.after = self.gap, "", False
@@ -291,4 +341,6 @@ def splitter_for(family: Family, tools_json: str | None, tool_choice: str | None
     tools = json.loads(tools_json)
     if not isinstance(tools, list) or not tools:
         return None
-    return ToolSplitter(family, tools, request_id, parallel)
+    forced = tool_choice.removeprefix("function:") \
+        if tool_choice and tool_choice.startswith("function:") else None
+    return ToolSplitter(family, tools, request_id, parallel, forced)

@@ -7,7 +7,7 @@
     │   ├── Forbidden                  403 permission_error / route_not_allowed
     │   ├── NotFound                   404 invalid_request_error / model_not_found
     │   ├── PayloadTooLarge            413 invalid_request_error / payload_too_large
-    │   ├── PromptTooLong              413 invalid_request_error / prompt_too_long
+    │   ├── PromptTooLong              413 invalid_request_error / context_length_exceeded
     │   └── RateLimited                429 rate_limit_error / rate_limited (Retry-After)
     └── ServiceError                   5xx: every allowed rung failed
         ├── NoPrivateSeat              503 no_private_seat
@@ -92,8 +92,11 @@ class PayloadTooLarge(ClientError):
 
 
 class PromptTooLong(ClientError):
+    """Over the cap: OpenAI clients read `context_length_exceeded` as "trim the history
+    and retry"; the 413 and its numbers say by how much."""
+
     status = 413
-    code = "prompt_too_long"
+    code = "context_length_exceeded"
 
 
 class RateLimited(ClientError):
@@ -139,6 +142,13 @@ class Loading(ServiceError):
         self.retry_after_s = retry_after_s
 
 
+# A seat's own refusal of a prompt over its cap (`Rejected(413, SEAT_OVER_CAP)`), which
+# clients are told as CONTEXT_LENGTH, as the proxy's own over-cap refusal is.
+SEAT_OVER_CAP = "prompt_too_long"
+
+
 def client_error(status: int, code: str, message: str, **extra: Any) -> ClientError:
     """The ClientError for a seat's `Rejected(status, code)`."""
+    if code == SEAT_OVER_CAP:
+        code = CONTEXT_LENGTH
     return ClientError(message, code=code, status=status, **extra)

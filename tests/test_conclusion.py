@@ -45,8 +45,8 @@ def attempts(*kinds: str) -> list[Attempt]:
 
 # (attempt kinds, plan) -> (error class, code, counter)
 TABLE: list[tuple[tuple[str, ...], Plan, type[SanctumError], str, str | None]] = [
-    (("over_cap",), OPEN, PromptTooLong, "prompt_too_long", "over_cap"),
-    (("over_cap", "over_cap"), PRIVATE, PromptTooLong, "prompt_too_long", "over_cap"),
+    (("over_cap",), OPEN, PromptTooLong, "context_length_exceeded", "over_cap"),
+    (("over_cap", "over_cap"), PRIVATE, PromptTooLong, "context_length_exceeded", "over_cap"),
     (("over_cap", "worker_lost"), OPEN, AllRungsFailed, "all_rungs_failed", None),
     (("over_cap", "worker_lost"), PRIVATE, NoPrivateSeat, "no_private_seat", "offbox_blocked"),
     (("over_cap", "circuit_open"), OPEN, AllRungsFailed, "all_rungs_failed", None),

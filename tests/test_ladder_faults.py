@@ -231,7 +231,7 @@ def test_seat_413_is_returned_unchanged_without_fallback(make_rig) -> None:
     code, _headers, body = chat(rig, model="open")
     err = json.loads(body)["error"]
     assert code == 413
-    assert err["code"] == "prompt_too_long"
+    assert err["code"] == "context_length_exceeded"
     assert (err["prompt_tokens"], err["cap"], err["seat"], err["limit"]) == \
         (9000, 4096, "brain", "seat_cap")
     assert err["attempts"] == "brain=rejected:413"

@@ -185,13 +185,13 @@ def test_over_cap_prompt_skips_small_rung(pair: Sanctum) -> None:
 
 
 def test_prompt_over_every_cap_is_413_with_numbers(pair: Sanctum) -> None:
-    """Over every allowed cap: 413 prompt_too_long with the numbers, never truncated."""
+    """Over every allowed cap: 413 context_length_exceeded with the numbers, never truncated."""
     before = counters(pair)
     prompt = "value = compute(value) + 1\n" * 400
     code, _, body = http("POST", pair.url + "/v1/completions",
                          body={"model": "private", "prompt": prompt, "max_tokens": 4})
     err = json.loads(body)["error"]
-    assert code == 413 and err["code"] == "prompt_too_long"
+    assert code == 413 and err["code"] == "context_length_exceeded"
     assert err["limit"] == "proxy_cap" and err["seat"] == "coder"
     assert err["cap"] == 1536 - 64 and err["margin"] == 64
     assert err["prompt_tokens"] > err["cap"]

@@ -168,7 +168,7 @@ def test_a_prompt_over_the_cap_is_a_413_with_its_numbers(client: openai.OpenAI) 
         client.responses.create(model="private", input="hello " * 2000)
     assert err.value.status_code == 413
     body = err.value.body
-    assert isinstance(body, dict) and body["code"] == "prompt_too_long"
+    assert isinstance(body, dict) and body["code"] == "context_length_exceeded"
     assert body["prompt_tokens"] > body["cap"] > 0
 
 

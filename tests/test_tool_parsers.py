@@ -421,3 +421,70 @@ def test_the_seat_counts_calls_and_constrained_requests(seat: Any) -> None:
     # the calls of continued answers were their first seat's
     assert (counters["tool_calls"], counters["tool_parse_failures"]) == (2, 0)
     assert counters["constrained"] == 2
+
+
+def cut_run(family: str, text: str, forced: str | None = None, tools: list[Any] | None = TOOLS,
+            parallel: bool = True) -> tuple[str, list[tuple[str, str]], ToolSplitter]:
+    """Feed `text` and close as an answer the budget cut: (the text sent, each call's name
+    and raw arguments)."""
+    splitter = ToolSplitter(family_named(family), tools, "req-1", parallel, forced)
+    first = splitter.feed(text)
+    last = splitter.close(cut=True)
+    calls = [*first.calls, *last.calls]
+    return first.text + last.text, [(c.name, c.arguments) for c in calls], splitter
+
+
+@pytest.mark.parametrize(("family", "text", "forced", "want"), [
+    # cut inside the arguments: the name it wrote, the arguments so far
+    ("json_tools", 'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par',
+     None, ("Sure.", [("get_weather", '{"city": "Par')])),
+    # cut before the arguments began: the forced function, no arguments yet
+    ("json_tools", '<tool_call>\n{"name": "get_', "get_time", ("", [("get_time", "")])),
+    # Mistral's syntax: its arguments marker
+    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Par', None,
+     ("", [("get_weather", '{"city": "Par')])),
+    # qwen3's XML: the name from the text, arguments in a syntax of its own (none so far)
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", None,
+     ("", [("get_weather", "")])),
+    # a good call, then one cut: both, in order
+    ("json_tools", '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n'
+                   '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"ci',
+     None, ("", [("get_time", '{"timezone": "UTC"}'), ("get_weather", '{"ci')])),
+])
+def test_a_call_the_budget_cut_is_a_cut_call_not_text(
+        family: str, text: str, forced: str | None, want: tuple[str, list[Any]]) -> None:
+    """Never the call's markup as text: its name and the arguments generated so far."""
+    sent, calls, splitter = cut_run(family, text, forced)
+    assert (sent, calls) == want
+    assert splitter.failures == 0
+
+
+def test_a_cut_call_with_no_name_to_give_is_dropped_and_counted() -> None:
+    """Several tools, none named yet, none forced: nothing to call, and no markup sent."""
+    sent, calls, splitter = cut_run("json_tools", 'Hm.<tool_call>\n{"na')
+    assert (sent, calls, splitter.failures) == ("Hm.", [], 1)
+    # a name begun that only one tool has: that tool; one that two share: nothing
+    sent, calls, _ = cut_run("json_tools", '<tool_call>\n{"name": "get_we')
+    assert calls == [("get_weather", "")]
+    sent, calls, _ = cut_run("json_tools", '<tool_call>\n{"name": "get_')
+    assert (sent, calls) == ("", [])
+    # one tool only: it is the call
+    sent, calls, _ = cut_run("json_tools", '<tool_call>\n{"na', tools=TOOLS[:1])
+    assert calls == [(TOOLS[0]["function"]["name"], "")]
+
+
+def test_an_answer_not_cut_keeps_todays_unclosed_call_rule() -> None:
+    """Ended by itself (not the budget): an unclosed call in a family whose end marker is
+    required is sent on as the text it was, one failure counted."""
+    splitter = ToolSplitter(family_named("json_tools"), TOOLS, "req-1")
+    text = 'Sure.<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}'
+    got = [splitter.feed(text), splitter.close()]
+    assert "".join(g.text for g in got) == text and splitter.failures == 1
+
+
+def test_the_forced_function_reaches_the_splitter() -> None:
+    tools = json.dumps(TOOLS)
+    named = splitter_for(family_named("json_tools"), tools, "function:get_time", "r", True)
+    assert named is not None and named.forced == "get_time"
+    required = splitter_for(family_named("json_tools"), tools, "required", "r", True)
+    assert required is not None and required.forced is None

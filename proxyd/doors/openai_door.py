@@ -141,6 +141,8 @@ class _OpenAIDoor:
     def text(self, a: Answer, piece: Text) -> bytes:
         if piece.tool_calls or (piece.logprobs and self.logprobs):
             return self.rich(a, piece)
+        if not piece.text:  # (a call's text held back): no empty content delta
+            return b""
         return self.plain(a, piece.text)
 
     def rich(self, a: Answer, piece: Text) -> bytes:
@@ -187,7 +189,10 @@ class ChatDoor(_OpenAIDoor):
     body_object = "chat.completion"
 
     def opening(self, a: Answer) -> bytes:
-        return self.chunk(a, [{"index": 0, "delta": {"role": "assistant", "content": ""},
+        # The role alone: an empty `content` would be an empty content delta (the openai
+        # SDK fires an event for it, and an answer of calls only would end with content
+        # "" where the sync answer has null).
+        return self.chunk(a, [{"index": 0, "delta": {"role": "assistant"},
                                "finish_reason": None, "logprobs": None}])
 
     def text_choice(self, text: str) -> dict[str, Any]:
