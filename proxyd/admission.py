@@ -86,6 +86,8 @@ class Admission:
                 verdict = await self.judge(seat, gen, {})
                 assert verdict.tokens is not None
                 return verdict.tokens, seat.name
+            if gen.prompt_ids is not None:
+                return len(gen.prompt_ids), seat.name
             tokenizer = await self._tokenizer(seat.name)
             if tokenizer is None:
                 continue
@@ -114,6 +116,9 @@ class Admission:
         """Count `gen`'s prompt for `seat` (memoised per tokenizer) and compare with its cap."""
         p = self.config.proxy
         seat_cap = self.seat_cap(seat, reported_cap)
+        if gen.prompt_ids is not None:  # counted as given, by every tokenizer alike
+            cap = caps.proxy_cap(seat_cap or caps.DEFAULT_CAP, 0, seat.proxy_max_prompt_tokens)
+            return Verdict(len(gen.prompt_ids), cap, seat_cap, 0)
         if seat.kind == "openai":
             key: Any = "hosted"
             if key not in memo:

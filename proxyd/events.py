@@ -49,6 +49,12 @@ class Answer(msgspec.Struct):
     fingerprint: str = ""
     # Every rung's part of the answer, in order (one for an answer nothing interrupted).
     segments: list[dict[str, str | int]] = []
+    # The prompt's tokens and those read from a cache, as the answering local seat told
+    # them with its first text (0: not told before the end); the stop string that
+    # ended the answer, from its final frame.
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    stop_sequence: str = ""
 
     def sanctum(self) -> dict[str, Any]:
         out: dict[str, Any] = {"seat": self.seat, "served": self.served,

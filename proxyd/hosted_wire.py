@@ -92,7 +92,8 @@ def request_body(gen: Generate, seat: SeatConfig) -> tuple[str, dict[str, Any]]:
     if p.repetition_penalty != 1.0 and "repetition_penalty" in extras:
         body["repetition_penalty"] = p.repetition_penalty
     if gen.messages is None:
-        body["prompt"] = (gen.prompt or "") + (gen.prefix or "")
+        body["prompt"] = list(gen.prompt_ids) if gen.prompt_ids is not None \
+            else (gen.prompt or "") + (gen.prefix or "")
         return "/completions", body
     messages = [message(m) for m in gen.messages]
     if gen.prefix:  # continue the answer another rung began

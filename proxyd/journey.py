@@ -97,7 +97,10 @@ def may_continue(gen: Generate, hosted: bool) -> bool:
     text; under a constraint only a local seat given the answer's exact tokens
     (`gen.prefix_ids`).  From the text alone a seat's grammar and tool-call parser could
     not resume where the answer is (the calls the client got are not in its text), and
-    a hosted rung takes a prefill without either."""
+    a hosted rung takes a prefill without either.  A prompt of token ids has no text for
+    a hosted rung to put a prefill after: only a local seat continues it."""
+    if hosted and gen.prompt_ids is not None:
+        return False
     return constraint(gen) is None or (not hosted and gen.prefix_ids is not None)
 
 
@@ -420,6 +423,7 @@ class Journey:
         answer.speculation = frame.speculation
         answer.upstream_model = frame.model
         answer.fingerprint = frame.fingerprint or answer.fingerprint
+        answer.stop_sequence = frame.stop_sequence
         answer.attempts = attempts_header(self.attempts)
         answer.segments = [seg.body() for seg in self.segments]
         usage = frame.usage
@@ -500,6 +504,9 @@ class Journey:
         answer.served = frame.served_if_ok
         answer.speculation = frame.speculation or answer.speculation
         answer.fingerprint = frame.fingerprint or answer.fingerprint
+        if frame.prompt_tokens and not answer.prompt_tokens:  # the first rung's prompt
+            answer.prompt_tokens, answer.cached_tokens = frame.prompt_tokens, \
+                frame.cached_tokens
 
     def replay_for(self, name: str) -> Replay | None:
         """A continuing hosted rung asked afresh replays the text the client has."""

@@ -77,7 +77,8 @@ def merged(first: Chunk, frames: deque[SeatFrame]) -> Chunk:
         last = nxt
     return Chunk(first.request_id, "".join(texts), last.completion_tokens, last.served_if_ok,
                  last.speculation or first.speculation, last.fingerprint or first.fingerprint,
-                 tuple(ids), tool_calls=tuple(calls), logprobs=tuple(logprobs))
+                 tuple(ids), tool_calls=tuple(calls), logprobs=tuple(logprobs),
+                 prompt_tokens=first.prompt_tokens, cached_tokens=first.cached_tokens)
 
 
 class Inbox:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from seatd.stops import scan_stops
+from seatd.stops import first_stop, scan_stops
 from shared.protocol import SamplingParams
 
 
@@ -43,6 +43,7 @@ class Answer:
         self.ids: list[int] = []
         self.pending = ""
         self.finish = "length"
+        self.stop_sequence: str | None = None  # the stop string that ended it
         self.done = budget <= len(prefix)
         self.cut = False
         self.closed = False
@@ -86,10 +87,12 @@ class Answer:
         self.ids.append(token)
         self.detok.add_token(token)
         self.pending += self.detok.last_segment
+        before = self.pending
         now, self.pending, stopped = scan_stops(self.pending, self.stops)
         self._send(now)
         if stopped:
             self.finish, self.cut, self.done = "stop", True, True
+            self.stop_sequence = first_stop(before, self.stops)
         elif len(self.ids) >= self.budget:
             self.done = True
         return self.done
@@ -106,6 +109,7 @@ class Answer:
         now, held, stopped = scan_stops(self.pending, self.stops)
         if stopped:
             self.finish = "stop"
+            self.stop_sequence = first_stop(self.pending, self.stops)
         self._send(now if stopped else now + held)
 
     @property

@@ -1375,7 +1375,8 @@ class Engine:
             result = DecodeResult(row.answer.text, row.answer.finish, len(work.prompt),
                                   row.answer.produced, row.report,
                                   work.resume.start if work.resume is not None else 0,
-                                  row.answer.ids, beside=row.beside)
+                                  row.answer.ids, beside=row.beside,
+                                  stop_sequence=row.answer.stop_sequence)
         else:
             row.answer.closed = True
         with _naming(work):

@@ -96,6 +96,7 @@ class DecodeResult:
     cached_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)  # the completion's tokens, in order
     beside: bool = False  # some forward of it held another request's rows (batch engine)
+    stop_sequence: str | None = None  # the stop string that ended it
 
 
 @dataclass

@@ -9,6 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def first_stop(pending: str, stops: Sequence[str]) -> str | None:
+    """The stop string that ends `pending` where `scan_stops` cuts it (the earliest;
+    at one place, the one listed first), or None."""
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        at = pending.find(stop) if stop else -1
+        if at != -1 and (best is None or at < best[0]):
+            best = (at, stop)
+    return best[1] if best is not None else None
+
+
 def scan_stops(pending: str, stops: Sequence[str]) -> tuple[str, str, bool]:
     """Split `pending` into (emit now, hold back, stopped).
 

@@ -118,6 +118,7 @@ class Job:
     # tools); fed the answer's text as the engine's events are read.
     calls: ToolSplitter | None = None
     count: int = 0  # completion tokens of the last chunk
+    began: bool = False  # a chunk went out
     constrained: bool = False  # decoded under a grammar (response_format, a forced call)
 
 
@@ -334,6 +335,8 @@ class SeatWorker:
 
     def tokenize(self, request: Generate) -> list[int]:
         assert self.loaded is not None
+        if request.prompt_ids is not None:  # a completion's prompt given as ids
+            return list(request.prompt_ids)
         return prompt_ids(self.loaded.tokenizer, request.messages, request.prompt,
                           request.tools_json)
 
@@ -480,10 +483,16 @@ class SeatWorker:
             # The chunk goes out even when a call holds all its text: its tokens (and
             # their log-probabilities) are the answer's, and it shows progress.
             text, calls = job.calls.feed(text)
-        job.count = event.count
+        first = not job.began
+        job.count, job.began = event.count, True
+        prompt = cached = 0
+        if first and job.work is not None:  # the prompt's size, for the first chunk
+            prompt = len(job.work.prompt)
+            cached = job.work.resume.start if job.work.resume is not None else 0
         self.send(job.identity, Chunk(event.rid, text, event.count, self.served_if_ok(job),
                                       event.state, job.fingerprint, event.ids,
-                                      tool_calls=calls, logprobs=event.logprobs))
+                                      tool_calls=calls, logprobs=event.logprobs,
+                                      prompt_tokens=prompt, cached_tokens=cached))
 
     def on_ended(self, job: Job, event: Ended) -> None:
         result = event.result
@@ -493,7 +502,7 @@ class SeatWorker:
         if result is not None and job.calls is not None:
             # What the splitter still holds (a partial marker, an unclosed call) goes
             # out before the Final, which reports the calls' finish_reason.
-            text, calls = job.calls.close()
+            text, calls = job.calls.close(cut=result.finish_reason == "length")
             if text or calls:
                 self.send(job.identity, Chunk(event.rid, text, job.count,
                                               self.served_if_ok(job),
@@ -594,6 +603,7 @@ class SeatWorker:
             speculation=result.speculation.state,
             ttft_s=ttft,
             fingerprint=job.fingerprint,
+            stop_sequence=result.stop_sequence or "",
         )
 
     # -- lifecycle --------------------------------------------------------

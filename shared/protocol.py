@@ -228,6 +228,9 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     version: int = 1  # the sender's PROTOCOL_VERSION; absent: a peer older than versions
+    # A completion's prompt given as token ids (the OpenAI API takes them): used as they
+    # are, no template and no special token added; `prompt` is then empty.
+    prompt_ids: tuple[TokenId, ...] | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
@@ -302,6 +305,10 @@ class Chunk(msgspec.Struct, frozen=True, tag="chunk"):
     tool_calls: tuple[ToolCall, ...] = ()
     # Log-probabilities of the tokens in `ids` (when the request asked for them).
     logprobs: tuple[TokenLogprob, ...] = ()
+    # The answer's first chunk from a local seat: its prompt's tokens, and of them those
+    # read from the prompt cache (Anthropic's message_start tells them); 0 otherwise.
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 class Final(msgspec.Struct, frozen=True, tag="final"):
@@ -322,6 +329,8 @@ class Final(msgspec.Struct, frozen=True, tag="final"):
     # What can change a seeded answer's bytes (`seatd.fingerprint`); a hosted rung
     # passes on its upstream's, or leaves it empty.
     fingerprint: str = ""
+    # The stop string that ended the answer (finish_reason "stop"); "" for none.
+    stop_sequence: str = ""
 
 
 class Started(msgspec.Struct, frozen=True, tag="started"):

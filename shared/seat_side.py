@@ -76,7 +76,12 @@ def refusal_reply(refused: Refused, seat: str, served: int, incarnation: int) ->
 
 
 def out_of_vocabulary(gen: Generate, vocabulary: int) -> Refused | None:
-    """A Generate whose token ids name no token of this seat's model (`prefix_ids`)."""
+    """A Generate whose token ids name no token of this seat's model (`prompt_ids`,
+    `prefix_ids`)."""
+    for i, token in enumerate(gen.prompt_ids or ()):
+        if token >= vocabulary:
+            return Refused("invalid_value", f"prompt[{i}]: token id {token} is outside the "
+                           f"vocabulary (0..{vocabulary - 1})", gen.request_id)
     for token in gen.prefix_ids or ():
         if token >= vocabulary:
             return Refused("invalid_value", f"invalid generate: token id {token} in prefix_ids "

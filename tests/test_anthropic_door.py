@@ -531,3 +531,24 @@ def test_sdk_errors(exc: SanctumError, kind: type[Exception]) -> None:
     assert err.value.type == error_type(exc.status)
     assert err.value.api_message == error_body(exc)["error"]["message"]
     assert exc.message in str(err.value.api_message)
+
+
+def test_a_stop_string_is_stop_sequence_named_alike_in_body_and_stream() -> None:
+    """A local seat's final frame names the stop string that ended the answer: the
+    body and the stream say stop_reason `stop_sequence` and which one; without one,
+    end_turn as before."""
+    a = answer(stop_sequence="\n\n")
+    out = json.loads(MessagesDoor(False).body(Done(a, "t", "stop", Usage(3, 1))))
+    assert (out["stop_reason"], out["stop_sequence"]) == ("stop_sequence", "\n\n")
+    delta = events(streamed([Text("t")], "stop", a=a))[-2][1]["delta"]
+    assert delta == {"stop_reason": "stop_sequence", "stop_sequence": "\n\n"}
+    # the budget ran out first: max_tokens, and no stop sequence claimed
+    out = json.loads(MessagesDoor(False).body(Done(a, "t", "length", Usage(3, 1))))
+    assert (out["stop_reason"], out["stop_sequence"]) == ("max_tokens", None)
+
+
+def test_message_start_carries_the_prompts_tokens_the_seat_told() -> None:
+    a = answer(prompt_tokens=9, cached_tokens=2)
+    start = events(streamed([Text("t")], a=a))[0][1]["message"]
+    assert start["usage"] == {"input_tokens": 7, "output_tokens": 0,
+                              "cache_read_input_tokens": 2}

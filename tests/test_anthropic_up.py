@@ -209,3 +209,28 @@ def test_a_stream_no_rung_can_finish_ends_with_an_error_the_sdk_raises(
     assert isinstance(body, dict) and body["type"] == "error", body
     assert body["error"]["type"] == "api_error" and body["error"]["seat"] == "cloud", body
     assert _door_errors(rig).get("midstream", 0) == before + 1
+
+
+def test_a_stop_sequence_is_named_and_message_start_counts_the_prompt(
+        client: anthropic.Anthropic) -> None:
+    """A greedy answer cut by a stop string it reaches: stop_reason `stop_sequence` with
+    the string, sync and streamed; the stream's message_start already carries the
+    prompt's input_tokens, the same as the final usage."""
+    greedy: Any = {"temperature": 0}
+    args: dict[str, Any] = {"model": "private", "messages": ASK, "extra_body": greedy}
+    whole = client.messages.create(max_tokens=24, **args)
+    text = whole.content[0].text  # type: ignore[union-attr]
+    words = text.split()
+    assert len(words) >= 3, text
+    stop = " " + words[2]  # a string the answer reaches after its first words
+    cut = client.messages.create(max_tokens=24, stop_sequences=[stop], **args)
+    assert (cut.stop_reason, cut.stop_sequence) == ("stop_sequence", stop)
+    assert text.startswith(cut.content[0].text) and stop not in cut.content[0].text  # type: ignore[union-attr]
+    with client.messages.stream(max_tokens=24, stop_sequences=[stop], **args) as s:
+        starts = [e.message.usage for e in s if e.type == "message_start"]
+        final = s.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", stop)
+    [start] = starts
+    assert start.input_tokens > 0
+    assert start.input_tokens + (start.cache_read_input_tokens or 0) == \
+        final.usage.input_tokens + (final.usage.cache_read_input_tokens or 0)

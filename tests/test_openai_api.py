@@ -1,6 +1,7 @@
 """OpenAI request validation: bad input is a 400 naming the field."""
 
 import json
+from typing import Any
 
 import pytest
 
@@ -133,3 +134,27 @@ def test_seed_takes_the_whole_int64_range() -> None:
     """A seed is any 64-bit signed integer, both ends included."""
     assert parse_chat(chat(seed=2**63 - 1))[2].seed == 2**63 - 1
     assert parse_chat(chat(seed=-(2**63)))[2].seed == -(2**63)
+
+
+@pytest.mark.parametrize(("prompt", "want"), [
+    ([5, 6, 7], ("", (5, 6, 7))), ([[5, 6]], ("", (5, 6))), (["hi"], ("hi", None)),
+    ("hi", ("hi", None)),
+])
+def test_a_completion_prompt_may_be_token_ids(prompt: Any, want: tuple[str, Any]) -> None:
+    from proxyd.doors.openai_api import read_completion
+
+    done = read_completion(json.dumps({"model": "m", "prompt": prompt}).encode(), ProxyConfig())
+    assert (done.prompt, done.prompt_ids) == want
+    assert done.generate("r").prompt_ids == want[1]
+
+
+@pytest.mark.parametrize(("prompt", "param"), [
+    ([5, -1], "prompt[1]"), ([5, 2**40], "prompt[1]"), ([5, "x"], "prompt[1]"),
+    ([5, True], "prompt[1]"), ([[5], [6]], "prompt"), ([], "prompt"), ([["a"]], "prompt[0]"),
+])
+def test_a_bad_prompt_of_token_ids_is_a_400_naming_it(prompt: Any, param: str) -> None:
+    from proxyd.doors.openai_api import read_completion
+
+    with pytest.raises(BadRequest) as exc:
+        read_completion(json.dumps({"model": "m", "prompt": prompt}).encode(), ProxyConfig())
+    assert exc.value.param == param, exc.value

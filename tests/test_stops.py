@@ -39,3 +39,17 @@ def test_pieces_never_leak_a_stop_split_across_chunks() -> None:
                 break
         assert stopped
         assert out == "def f():\n    return 1"
+
+
+@pytest.mark.parametrize(("pending", "stops", "want"), [
+    ("ab\n\ncd", ["\n\n", "cd"], "\n\n"), ("abcd", ["cd", "bc"], "bc"),
+    ("abcd", ["bcd", "bc"], "bcd"), ("abcd", ["x"], None), ("abcd", [], None),
+    ("abcd", ["", "d"], "d"),
+])
+def test_first_stop_names_the_stop_scan_stops_cut_at(pending: str, stops: list[str],
+                                                       want: str | None) -> None:
+    from seatd.stops import first_stop
+
+    assert first_stop(pending, stops) == want
+    if want is not None:
+        assert scan_stops(pending, stops)[0] == pending[:pending.find(want)]

@@ -277,3 +277,101 @@ def test_every_door_answers_on_the_packaged_default(up: Sanctum, client: openai.
     with client.responses.stream(model="demo", input=ask, temperature=0,
                                  max_output_tokens=12) as r:
         assert "".join(e.delta for e in r if e.type == "response.output_text.delta") == text
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_a_forced_call_cut_by_the_budget_is_a_cut_call_at_every_door(
+        up: Sanctum, client: openai.OpenAI, choice: str) -> None:
+    """A forced call that runs out of max_tokens comes back as each door's own cut call,
+    sync and streamed (with no empty content delta), never as its markup in the text:
+    chat's `tool_calls` with the
+    arguments so far and finish_reason `length`; a `tool_use` block with stop_reason
+    `max_tokens` at /v1/messages; a `function_call` item in an `incomplete` response."""
+    import anthropic
+
+    ask = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    forced: Any = ("required" if choice == "required"
+                   else {"type": "function", "function": {"name": "get_weather"}})
+    # 20 tokens: past the call's name, into its arguments
+    args: dict[str, Any] = dict(model="demo", messages=ask, tools=TOOLS, tool_choice=forced,
+                                temperature=0, max_tokens=20)
+
+    def no_markup(text: str | None) -> None:
+        assert not text or ("<tool_call>" not in text and '"arguments"' not in text), text
+
+    r = client.chat.completions.create(**args)
+    sync = r.choices[0]
+    assert sync.finish_reason == "length" and sync.message.tool_calls, sync
+    no_markup(sync.message.content)
+    [call] = sync.message.tool_calls
+    assert call.function.name in SCHEMAS and call.id.startswith("call_")
+    with client.chat.completions.stream(**args) as s:
+        # no empty content delta while the call is held back (the SDK fires an event
+        # for each one); its final parse refuses a `length` finish, as with OpenAI's
+        assert not [e for e in s if e.type == "content.delta" and not e.delta]
+        final = s.current_completion_snapshot.choices[0]
+    assert final.finish_reason == "length" and final.message.tool_calls
+    no_markup(final.message.content)
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == \
+        [(call.function.name, call.function.arguments)]
+
+    claude = anthropic.Anthropic(base_url=up.url, api_key="x", max_retries=0, timeout=300)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    claude_choice: Any = ({"type": "any"} if choice == "required"
+                          else {"type": "tool", "name": "get_weather"})
+    greedy: Any = {"temperature": 0}
+    message = claude.messages.create(model="demo", max_tokens=20, messages=ask,  # type: ignore[arg-type]
+                                     tools=tools, tool_choice=claude_choice,  # type: ignore[arg-type]
+                                     extra_body=greedy)
+    assert message.stop_reason == "max_tokens"
+    assert [b.type for b in message.content] == ["tool_use"], message.content
+    assert message.content[0].name == call.function.name  # type: ignore[union-attr]
+    with claude.messages.stream(model="demo", max_tokens=20, messages=ask,  # type: ignore[arg-type]
+                                tools=tools, tool_choice=claude_choice,  # type: ignore[arg-type]
+                                extra_body=greedy) as s:
+        streamed = s.get_final_message()
+    assert streamed.stop_reason == "max_tokens"
+    assert [b.type for b in streamed.content] == ["tool_use"], streamed.content
+
+    rtools: Any = [{"type": "function", "name": t["function"]["name"],
+                    "parameters": t["function"]["parameters"]} for t in TOOLS]
+    rchoice: Any = ("required" if choice == "required"
+                    else {"type": "function", "name": "get_weather"})
+    response = client.responses.create(model="demo", input=ask, tools=rtools,  # type: ignore[arg-type]
+                                       tool_choice=rchoice, temperature=0,
+                                       max_output_tokens=20)
+    assert response.status == "incomplete"
+    assert [o.type for o in response.output] == ["function_call"], response.output
+    assert response.output[0].name == call.function.name  # type: ignore[union-attr]
+    with client.responses.stream(model="demo", input=ask, tools=rtools,  # type: ignore[arg-type]
+                                 tool_choice=rchoice, temperature=0,
+                                 max_output_tokens=20) as rs:
+        # (the SDK's get_final_response wants response.completed; an incomplete
+        # response ends with response.incomplete, as OpenAI's does)
+        ends = [e.response for e in rs if e.type == "response.incomplete"]
+    [done] = ends
+    assert done.status == "incomplete" and [o.type for o in done.output] == ["function_call"]
+
+
+def test_a_completion_prompt_of_token_ids_is_the_same_prompt(
+        up: Sanctum, client: openai.OpenAI) -> None:
+    """`/v1/completions` takes a prompt of token ids (a list, or a list holding one), as
+    the OpenAI API does: the greedy answer is the one its text gets; an id outside the
+    seat's vocabulary is a 400 naming it."""
+    from shared.builtin import resolve_model
+    from shared.prompt import load_tokenizer, prompt_ids
+
+    text = "def fibonacci(n):"
+    ids = prompt_ids(load_tokenizer(resolve_model("builtin:demo")), None, text, None)
+    want = client.completions.create(model="demo", prompt=text, max_tokens=12,
+                                     temperature=0)
+    for prompt in (ids, [ids]):
+        got = client.completions.create(model="demo", prompt=prompt, max_tokens=12,
+                                        temperature=0)
+        assert got.choices[0].text == want.choices[0].text
+        assert got.usage is not None and want.usage is not None
+        assert got.usage.prompt_tokens == want.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.completions.create(model="demo", prompt=[*ids[:2], 10**9], max_tokens=4)
+    assert bad.value.status_code == 400 and "prompt[2]" in str(bad.value.message)

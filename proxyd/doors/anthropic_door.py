@@ -19,15 +19,15 @@ message's `model` is the seat that answered (DESIGN.md rule 4), its id `msg_` an
 request id, a tool call's id `toolu_` and the call's own (`call_` dropped).
 
 stop_reason: `length` is max_tokens, a call made (or finish `tool_calls`) is tool_use,
-`content_filter` (a hosted rung's) is refusal, anything else end_turn.  stop_sequence is
-never claimed: a seat's finish `stop` does not say whether a stop string or the end of
-the model's turn ended the answer (the stop string is cut before it is sent), so the
-answer says end_turn with stop_sequence null.
+`content_filter` (a hosted rung's) is refusal, a stop string that ended the answer (a
+local seat's final frame names it) is stop_sequence with `stop_sequence` set to it,
+anything else end_turn.
 
-The stream's usage: message_start has input_tokens 0 (the prompt is counted by the seat,
-whose count arrives with the answer's end); message_delta carries input_tokens (the
-prompt's tokens less those read from the prompt cache), output_tokens and
-cache_read_input_tokens, which Anthropic's SDK takes as the totals.
+The stream's usage: message_start has the prompt's input_tokens and
+cache_read_input_tokens as the answering local seat told them with its first text
+(a hosted rung's are known only at the end: 0 there); message_delta carries
+input_tokens (the prompt's tokens less those read from the prompt cache),
+output_tokens and cache_read_input_tokens, which Anthropic's SDK takes as the totals.
 The SDK reads every event to the end of the stream and passes by one it does not know,
 so the trailer reaches who looks for it; its data names its `type` as Anthropic's do.
 """
@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 
 from proxyd.events import Answer, Done, Text
-from shared.errors import SanctumError
+from shared.errors import CONTEXT_LENGTH, SanctumError
 from shared.protocol import ToolCall, Usage
 
 _encode = msgspec.json.encode
@@ -60,7 +60,7 @@ def error_type(status: int) -> str:
     return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
-PROMPT_TOO_LONG = "prompt_too_long"
+PROMPT_TOO_LONG = CONTEXT_LENGTH  # over a cap: the 413 with its numbers
 
 
 def error_body(exc: SanctumError) -> dict[str, Any]:
@@ -87,13 +87,15 @@ def error_event(message: str, code: str, extra: dict[str, Any]) -> bytes:
         "type": "api_error", "message": message, "code": code, **extra}})
 
 
-def stop_reason(finish: str | None, called: bool) -> str:
+def stop_reason(finish: str | None, called: bool, stop_sequence: str = "") -> str:
     if finish == "length":
         return "max_tokens"
     if called or finish == "tool_calls":
         return "tool_use"
     if finish == "content_filter":
         return "refusal"
+    if finish == "stop" and stop_sequence:
+        return "stop_sequence"
     return "end_turn"
 
 
@@ -142,11 +144,14 @@ class MessagesDoor:
     def message(self, a: Answer, content: list[dict[str, Any]], stop: str | None,
                 usage: dict[str, int]) -> dict[str, Any]:
         return {"id": self.id(a), "type": "message", "role": "assistant", "model": a.seat,
-                "content": content, "stop_reason": stop, "stop_sequence": None,
+                "content": content, "stop_reason": stop,
+                "stop_sequence": (a.stop_sequence or None) if stop == "stop_sequence" else None,
                 "usage": usage}
 
     def opening(self, a: Answer) -> bytes:
-        start = self.message(a, [], None, {"input_tokens": 0, "output_tokens": 0})
+        start = self.message(a, [], None, {"input_tokens": a.prompt_tokens - a.cached_tokens,
+                                           "output_tokens": 0,
+                                           "cache_read_input_tokens": a.cached_tokens})
         return event("message_start", {"type": "message_start", "message": start}) + PING
 
     def _stop(self) -> bytes:
@@ -194,8 +199,10 @@ class MessagesDoor:
     def closing(self, a: Answer, finish: str | None, usage: Usage) -> bytes:
         """The open block's stop, message_delta (with the `sanctum` object), message_stop."""
         delta = {"type": "message_delta",
-                 "delta": {"stop_reason": stop_reason(finish, self._called),
-                           "stop_sequence": None},
+                 "delta": {"stop_reason": (stop := stop_reason(finish, self._called,
+                                                               a.stop_sequence)),
+                           "stop_sequence": (a.stop_sequence or None)
+                           if stop == "stop_sequence" else None},
                  "usage": usage_body(usage), "sanctum": a.sanctum()}
         return self._stop() + event("message_delta", delta) + STOP
 
@@ -207,7 +214,8 @@ class MessagesDoor:
                         "input": tool_input(c.arguments)} for c in done.tool_calls)
         a = done.answer
         message = self.message(a, content, stop_reason(done.finish_reason,
-                                                       bool(done.tool_calls)),
+                                                       bool(done.tool_calls),
+                                                       a.stop_sequence),
                                usage_body(done.usage))
         return _encode({**message, "sanctum": a.sanctum()})
 

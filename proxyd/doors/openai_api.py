@@ -120,7 +120,8 @@ class ChatRequest(_Common, frozen=True):
 
 
 class CompletionRequest(_Common, frozen=True):
-    prompt: str | list[str] = ""
+    # text, [text], token ids, or [token ids] (`_prompt`)
+    prompt: str | list[Any] = ""
     # OpenAI's completions take 0..5; the seats give up to MAX_TOP_LOGPROBS
     logprobs: TopLogprobs | None = None
     echo: bool = False
@@ -305,6 +306,7 @@ class Completion(msgspec.Struct, frozen=True):
     prompt: str
     params: SamplingParams
     ignored: tuple[str, ...]
+    prompt_ids: tuple[int, ...] | None = None  # a prompt given as token ids
 
     @property
     def model(self) -> str:
@@ -317,7 +319,7 @@ class Completion(msgspec.Struct, frozen=True):
 
     def generate(self, request_id: str) -> Generate:
         return Generate(request_id, self.req.stream, self.params, prompt=self.prompt,
-                        **overrides(self.req))
+                        prompt_ids=self.prompt_ids, **overrides(self.req))
 
 
 def read_chat(body: bytes, limits: ProxyConfig) -> Chat:
@@ -337,19 +339,46 @@ def read_chat(body: bytes, limits: ProxyConfig) -> Chat:
 def read_completion(body: bytes, limits: ProxyConfig) -> Completion:
     """The completion body as typed values, or a 400/413 naming the field."""
     req, ignored = decode_body(body, CompletionRequest)
-    prompt = req.prompt
+    prompt, ids = _prompt(req.prompt, limits)
+    if req.echo and req.logprobs is not None:
+        raise BadRequest("echo with logprobs would need the prompt's log-probabilities, "
+                         "which the seats do not compute", param="echo")
+    if req.echo and ids is not None:
+        raise BadRequest("echo needs a prompt of text, not of token ids", param="echo")
+    return Completion(req, prompt, sampling_params(req, limits, req.logprobs), ignored, ids)
+
+
+def _prompt(prompt: str | list[Any], limits: ProxyConfig) -> tuple[str, tuple[int, ...] | None]:
+    """A completion's one prompt: (its text, None), or ("", its token ids) for a list of
+    ids or a list holding one (each checked here against the protocol's range; the seat
+    checks its own vocabulary)."""
     field = "prompt"
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        if len(prompt) != 1:
+            raise BadRequest("only one prompt per request is supported", param="prompt")
+        prompt, field = prompt[0], "prompt[0]"
+        if not prompt or not all(isinstance(t, int) for t in prompt):
+            raise BadRequest("a prompt in a list of lists is token ids", param=field)
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], str):
+        lim.check_text(field, len(prompt), limits)
+        for i, token in enumerate(prompt):
+            if isinstance(token, bool) or not isinstance(token, int) \
+                    or not 0 <= token <= MAX_TOKEN_ID:
+                raise BadRequest(f"a prompt of token ids holds integers from 0 to "
+                                 f"{MAX_TOKEN_ID}; got {str(token)[:40]}",
+                                 param=f"{field}[{i}]")
+        return "", tuple(prompt)
     if isinstance(prompt, list):
         if len(prompt) != 1:
             raise BadRequest("only one prompt per request is supported", param="prompt")
         prompt, field = prompt[0], "prompt[0]"
+    if not isinstance(prompt, str):
+        raise BadRequest("a prompt is a string, a list of one string, or token ids",
+                         param=field)
     if not prompt:
         raise BadRequest("prompt must not be empty", param=field)
     lim.check_text(field, len(prompt), limits)
-    if req.echo and req.logprobs is not None:
-        raise BadRequest("echo with logprobs would need the prompt's log-probabilities, "
-                         "which the seats do not compute", param="echo")
-    return Completion(req, prompt, sampling_params(req, limits, req.logprobs), ignored)
+    return prompt, None
 
 
 def parse_chat(body: bytes, limits: ProxyConfig
