@@ -1345,10 +1345,12 @@ class Engine:
             if not group.rows:
                 self.groups.remove(group)
         for lane in self.lanes.values():
-            if any(r.work.cancel.is_set() for r in lane.rows):
+            if any(r.work.cancel.is_set() or r.work.complete.is_set() for r in lane.rows):
                 for r in lane.rows:
                     if r.work.cancel.is_set():
                         self._finish(r, RowCancelled())
+                    elif r.work.complete.is_set() and not r.answer.done:
+                        r.answer.finish, r.answer.done = "stop", True  # leaves below
                 self._leave(lane)
 
     def _leave(self, lane: Lane) -> None:

@@ -59,6 +59,9 @@ class Work:
     fault: bool = False  # an injected prefill fault (the worker's SANCTUM_FAULT_ROW)
     spec: Speculation | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    # Set by the worker when the answer is complete by what it says (a tool call made a
+    # second time): the row ends as if it had stopped, at the engine's next step.
+    complete: threading.Event = field(default_factory=threading.Event)
     # The engine's own, from here on:
     arrived: int = 0  # when it reached the engine (`Engine.submit`), in `Engine.order`
     resume: Resume | None = None  # where its cached prefix resumes (its admission's)

@@ -32,6 +32,9 @@ gets), piece by piece:
                            no name to give, dropped and counted a failure
     a call after the       dropped, neither a call nor text, when the request says
       first                 parallel_tool_calls false: the client asked for one call
+    a call made before     (the same name and arguments) never sent twice: dropped,
+                           and the answer ends there (`repeated`: the worker tells the
+                           engine the answer is complete), with nothing after it
     blanks after a call    held: sent with the text that follows them, dropped when
                            another call or the end follows (the newline between two
                            calls is the syntax's, not content for the client)
@@ -216,6 +219,8 @@ class ToolSplitter:
         self.after = False  # a call was the last thing parsed
         self.gap = ""  # blanks since that call: dropped between calls and at the end
         self.closed = False
+        self.made_calls: set[tuple[str, str]] = set()  # (name, arguments) of each call
+        self.repeated = False  # a call came again: the answer is complete
         # A continued answer (`resume`): the calls its first part made, the text its
         # client still lacks, and the characters to come that it already has.
         self.replayed = 0
@@ -243,13 +248,16 @@ class ToolSplitter:
 
     def feed(self, text: str) -> Split:
         """The next piece of committed answer text."""
+        if self.repeated:  # the answer ended with its last new call
+            return Split("")
         self.state, segments = TextStateMachine.split(self.state, text)
         return self._sending(self._take(segments))
 
     def close(self, cut: bool = False) -> Split:
         """The answer ended (`cut`: it ran out of tokens): what was held back, and an
         unclosed call (module docstring)."""
-        if self.closed:
+        if self.closed or self.repeated:
+            self.closed = True
             return Split("")
         self.closed = True
         self.state, rest, where = TextStateMachine.flush(self.state)
@@ -318,11 +326,15 @@ class ToolSplitter:
         self.gap, self.after = "", True
         calls = []
         for name, arguments in found:
+            if (name, arguments) in self.made_calls:
+                self.repeated = True  # the model goes round in circles: the answer ends
+                break
             if not self.parallel and self.made >= 1:
                 self.dropped += 1
                 continue
             calls.append(ToolCall(self.made, call_id(self.request_id, self.made), name,
                                   arguments))
+            self.made_calls.add((name, arguments))
             self.made += 1
         return Split("", tuple(calls))
 

@@ -483,6 +483,8 @@ class SeatWorker:
             # The chunk goes out even when a call holds all its text: its tokens (and
             # their log-probabilities) are the answer's, and it shows progress.
             text, calls = job.calls.feed(text)
+            if job.calls.repeated and job.work is not None:
+                job.work.complete.set()  # a call came again: the answer is complete
         first = not job.began
         job.count, job.began = event.count, True
         prompt = cached = 0

@@ -450,3 +450,26 @@ def test_a_batch_takes_plain_steps_while_a_prompt_joins_at_its_pace(
     assert not any(v and j for v, j in steps), "no verify step while it joined"
     assert any(v and not j for v, j in steps)
     each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
+
+
+def test_a_row_the_worker_calls_complete_ends_as_stopped(pair: tuple[Any, Any, Any]) -> None:
+    """`Work.complete` (the worker saw a tool call made again): the row ends at the next
+    step as an answer that stopped, not an error, short of its budget; its neighbour
+    goes on to its own end."""
+    model, tok, _ = pair
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    params = SamplingParams(max_tokens=40, temperature=0)
+    works = {rid: Work(Generate(rid, True, params, prompt=p), tok.encode(p), "fp16")
+             for rid, p in (("a", PROMPTS[0]), ("b", PROMPTS[1]))}
+    for work in works.values():
+        engine.submit(work)
+    told = Transcript()
+    while len(told.ended) < 2:
+        engine.step()
+        for event in told.read(engine.outbox):
+            if isinstance(event, Text) and event.rid == "a" and event.count >= 3:
+                works["a"].complete.set()
+    a, b = told.result("a"), told.result("b")
+    assert told.error("a") is None and a is not None and a.finish_reason == "stop"
+    assert a.completion_tokens < 40
+    assert b is not None and b.completion_tokens == 40

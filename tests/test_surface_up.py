@@ -375,3 +375,24 @@ def test_a_completion_prompt_of_token_ids_is_the_same_prompt(
     with pytest.raises(openai.BadRequestError) as bad:
         client.completions.create(model="demo", prompt=[*ids[:2], 10**9], max_tokens=4)
     assert bad.value.status_code == 400 and "prompt[2]" in str(bad.value.message)
+
+
+def test_required_with_parallel_calls_never_repeats_a_call(client: openai.OpenAI) -> None:
+    """tool_choice "required" with parallel calls allowed (the default), 200 tokens, five
+    seeds: the demo model would write the same call until the budget ran out; a call
+    made a second time ends the answer instead.  At least four of five end as
+    tool_calls, no answer holds a call twice, and no markup reaches any text."""
+    ended = []
+    for seed in range(5):
+        r = client.chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "What is the weather?"}],
+            tools=TOOLS, tool_choice="required", temperature=0.7, seed=seed, max_tokens=200)
+        choice = r.choices[0]
+        ended.append(choice.finish_reason)
+        calls = [(c.function.name, c.function.arguments)
+                 for c in choice.message.tool_calls or ()]
+        assert calls and len(set(calls)) == len(calls), calls
+        text = choice.message.content or ""
+        assert "<tool_call>" not in text and '"arguments"' not in text, text
+    assert ended.count("tool_calls") >= 4, ended
+    print(f"\nrequired, parallel calls, 200 tokens, seeds 0-4: {ended}")

@@ -488,3 +488,18 @@ def test_the_forced_function_reaches_the_splitter() -> None:
     assert named is not None and named.forced == "get_time"
     required = splitter_for(family_named("json_tools"), tools, "required", "r", True)
     assert required is not None and required.forced is None
+
+
+def test_a_call_made_again_is_never_sent_and_ends_the_answer() -> None:
+    """The same name and arguments a second time: dropped, the splitter says the answer
+    is complete (`repeated`), and nothing after it goes out; a call with other
+    arguments is a new call."""
+    splitter = ToolSplitter(family_named("json_tools"), TOOLS, "req-1")
+    utc = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>\n'
+    cet = utc.replace("UTC", "CET")
+    got = [splitter.feed(utc), splitter.feed(cet), splitter.feed(utc), splitter.feed("more"),
+           splitter.close()]
+    calls = [(c.name, json.loads(c.arguments)) for g in got for c in g.calls]
+    assert calls == [("get_time", {"timezone": "UTC"}), ("get_time", {"timezone": "CET"})]
+    assert splitter.repeated and "".join(g.text for g in got) == ""
+    assert splitter.made == 2
