@@ -28,7 +28,11 @@ handled here, not by llguidance (its `validate_tokens` does not count EOS and it
 does not undo one): EOS is allowed exactly when the grammar may end, and after it only EOS.
 
 JSON is compiled with at most one space between tokens (`WHITESPACE`): the answer
-reads as `json.dumps` writes it, and no token is spent on blanks.
+reads as `json.dumps` writes it, and no token is spent on blanks.  A number a schema
+leaves unbounded gets bounds (`bounded_numbers`): an integer has at most 16 digits, as
+llama.cpp's schema converter allows, and a number's integer part likewise (no
+exponent then), so a model that keeps writing digits cannot fill its budget with one;
+a bound the schema sets is kept.  (llguidance leaves a fraction's digits unbounded.)
 
 Errors (each a `GrammarRefusal`, a 400 for the client, with the parameter it names):
 
@@ -113,11 +117,37 @@ class Plan:
     parts: tuple[tuple[str, str], ...] = ()
 
 
+INT_BOUND = 10**16 - 1  # 16 digits
+NUMBER_BOUND = 1e16
+
+
+def bounded_numbers(schema: Any) -> Any:
+    """`schema` with every integer and number it leaves unbounded bounded (see the
+    module docstring); a copy, the schema's own bounds kept.  Pure."""
+    if isinstance(schema, list):
+        return [bounded_numbers(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bounded_numbers(v) for k, v in schema.items()}
+    named = out.get("type")  # a schema's type (a `properties` map may name one "type")
+    kinds = {k for k in named if isinstance(k, str)} if isinstance(named, list) \
+        else {named} if isinstance(named, str) else set()
+    if kinds & {"integer", "number"}:
+        low, high = (-INT_BOUND, INT_BOUND) if "number" not in kinds \
+            else (-NUMBER_BOUND, NUMBER_BOUND)
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = low
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = high
+    return out
+
+
 def _as_object(schema: dict[str, Any] | bool) -> dict[str, Any]:
-    """A boolean schema as the object schema that means the same."""
+    """A boolean schema as the object schema that means the same; numbers bounded."""
     if isinstance(schema, bool):  # true: any value; false: none
         return {} if schema else {"not": {}}
-    return schema
+    out: dict[str, Any] = bounded_numbers(schema)
+    return out
 
 
 def json_grammar(schema: dict[str, Any] | bool) -> str:

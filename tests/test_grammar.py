@@ -487,3 +487,36 @@ def test_tools_beside_a_response_format(seat: SeatGrammar, tok: TokenizerWrapper
     assert m is not None
     bad = first_forbidden(m, tok.encode(text))
     assert (bad is None and m.accepting) == ok, bad
+
+
+@pytest.mark.parametrize(("schema", "want"), [
+    ({"type": "integer"}, {"type": "integer", "minimum": -(10**16 - 1),
+                           "maximum": 10**16 - 1}),
+    ({"type": "integer", "minimum": 1}, {"type": "integer", "minimum": 1,
+                                         "maximum": 10**16 - 1}),
+    ({"type": ["number", "null"], "exclusiveMaximum": 5},
+     {"type": ["number", "null"], "exclusiveMaximum": 5, "minimum": -1e16}),
+    ({"type": "object", "properties": {"type": {"type": "integer", "maximum": 7}}},
+     {"type": "object", "properties": {"type": {"type": "integer", "maximum": 7,
+                                                "minimum": -(10**16 - 1)}}}),
+    ({"anyOf": [{"type": "string"}, {"type": "number"}]},
+     {"anyOf": [{"type": "string"}, {"type": "number", "minimum": -1e16, "maximum": 1e16}]}),
+])
+def test_unbounded_numbers_get_bounds_the_schema_did_not_set(schema: Any, want: Any) -> None:
+    from seatd.grammar import bounded_numbers
+
+    assert bounded_numbers(schema) == want
+
+
+def test_an_integer_a_schema_leaves_unbounded_has_at_most_16_digits(
+        seat: SeatGrammar, tok: TokenizerWrapper) -> None:
+    """A model that keeps writing digits cannot fill its budget with one number."""
+    schema = {"type": "object", "properties": {"days": {"type": "integer"}},
+              "required": ["days"], "additionalProperties": False}
+    m = seat.for_request(gen(response_format=schema_format(schema)))
+    assert m is not None
+    assert forbidden_char(tok, m, '{"days": ' + "1" * 16 + "}") is None
+    m = seat.for_request(gen(response_format=schema_format(schema)))
+    assert m is not None
+    at = forbidden_char(tok, m, '{"days": ' + "1" * 17 + "}")
+    assert at is not None and at <= len('{"days": ') + 16
