@@ -5,8 +5,10 @@
                                         completed in it and its tokens' log-probabilities
                                         (streams only)
     Done(answer, text, finish, usage,   the answer is complete; `text`, `tool_calls` and
-         tool_calls, logprobs)          `logprobs` are all of it for a non-stream
-                                        request, empty for a stream
+         tool_calls, logprobs, parts)   `logprobs` are all of it for a non-stream
+                                        request, empty for a stream; `parts` its text
+                                        pieces and calls in the order they came, so a
+                                        body's blocks are a stream's, in its order
     Abort(message, code, seat, attempts)  a begun stream no rung could finish: it ends
                                         with a terminal error, never a short "complete"
 
@@ -99,6 +101,13 @@ class Done(msgspec.Struct, frozen=True):
     usage: Usage
     tool_calls: tuple[ToolCall, ...] = ()
     logprobs: tuple[TokenLogprob, ...] = ()
+    parts: tuple[str | ToolCall, ...] = ()  # (): the text, then the calls
+
+    def in_order(self) -> tuple[str | ToolCall, ...]:
+        """The answer's text pieces (never empty) and calls, in the order they came."""
+        if self.parts:
+            return self.parts
+        return ((self.text,) if self.text else ()) + self.tool_calls
 
 
 class Abort(msgspec.Struct, frozen=True):

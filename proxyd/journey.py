@@ -123,10 +123,17 @@ class Held:
     texts: list[str] = field(default_factory=list)
     calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    parts: list[str | ToolCall] = field(default_factory=list)  # in the order they came
 
     def take(self, frame: Chunk, segment: Segment, answer: Answer) -> None:
         self.texts.append(frame.text)
         self.calls.extend(frame.tool_calls)
+        if frame.text:  # a chunk's text comes before the calls it completes
+            if self.parts and isinstance(self.parts[-1], str):
+                self.parts[-1] += frame.text
+            else:
+                self.parts.append(frame.text)
+        self.parts.extend(frame.tool_calls)
         self.logprobs.extend(frame.logprobs)
         segment.tokens = max(segment.tokens, frame.completion_tokens)
         answer.served = frame.served_if_ok
@@ -308,8 +315,7 @@ class Journey:
                     if segment in self.segments:
                         now.broke = (name, outcome)
                 if step is Step.DONE:
-                    yield self.done(answer, name, segment, frame, now.held.texts,
-                                    now.held.calls, now.held.logprobs)
+                    yield self.done(answer, name, segment, frame, now.held)
                 now.ended = step in (Step.DONE, Step.STOP)
                 return
 
@@ -413,7 +419,7 @@ class Journey:
                            **outcome.extra)
 
     def done(self, answer: Answer, name: str, segment: Segment, frame: Final,
-             texts: list[str], calls: list[ToolCall], logprobs: list[TokenLogprob]) -> Done:
+             held: Held) -> Done:
         """Rung `name` answered: the answer as its own final frame tells it."""
         self.proxy.counters.inc("answered_by", name)
         if segment not in self.segments:
@@ -436,8 +442,8 @@ class Journey:
                  completion_tokens=usage.completion_tokens,
                  ttft_s=round(frame.ttft_s, 4),
                  elapsed_s=round(time.monotonic() - self.started, 4))
-        return Done(answer, "".join(texts), frame.finish_reason, usage,
-                    tuple(calls), tuple(logprobs))
+        return Done(answer, "".join(held.texts), frame.finish_reason, usage,
+                    tuple(held.calls), tuple(held.logprobs), tuple(held.parts))
 
     def abort(self, answer: Answer, broke: tuple[str, Failed | Rejected],
               over_cap: list[dict[str, str | int]]) -> Abort:

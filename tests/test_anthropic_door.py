@@ -552,3 +552,15 @@ def test_message_start_carries_the_prompts_tokens_the_seat_told() -> None:
     start = events(streamed([Text("t")], a=a))[0][1]["message"]
     assert start["usage"] == {"input_tokens": 7, "output_tokens": 0,
                               "cache_read_input_tokens": 2}
+
+
+def test_a_body_has_the_streams_blocks_in_the_streams_order() -> None:
+    """Text, a call, more text: the body's content blocks are the stream's, in order."""
+    seq = events(streamed([Text("Let me check. "), Text("", (CALL,)), Text("Done.")],
+                          "tool_calls"))
+    starts = [d["content_block"]["type"] for n, d in seq if n == "content_block_start"]
+    done = Done(answer(), "Let me check. Done.", "tool_calls", Usage(5, 3), (CALL,),
+                parts=("Let me check. ", CALL, "Done."))
+    content = json.loads(MessagesDoor(False).body(done))["content"]
+    assert [b["type"] for b in content] == starts == ["text", "tool_use", "text"]
+    assert [b.get("text") for b in content] == ["Let me check. ", None, "Done."]

@@ -566,3 +566,20 @@ def test_logprobs_ride_on_the_deltas_and_the_text_part_when_asked() -> None:
     plain = Response.model_validate_json(door(False).body(
         Done(answer(), "Héllo", "stop", Usage(1, 2), (), LPS)))
     assert plain.output[0].content[0].logprobs == []  # type: ignore[union-attr]
+
+
+def test_a_body_has_the_streams_items_in_the_streams_order() -> None:
+    """Text, a call, more text: the body's output items are the stream's, in its order
+    (a message, the call, a second message), not all text first."""
+    pieces = [Text("Let me check. "), Text("", (CALL,)), Text("Done.")]
+    streamed = [e["item"] for e in events(rendered(door(True), pieces, "tool_calls"))
+                if e["type"] == "response.output_item.done"]
+    done = Done(answer(), "Let me check. Done.", "tool_calls", Usage(5, 3), (CALL,),
+                parts=("Let me check. ", CALL, "Done."))
+    body = json.loads(door(False).body(done))["output"]
+    kinds = [(i["type"], i.get("name") or "".join(p["text"] for p in i["content"]))
+             for i in body]
+    assert kinds == [("message", "Let me check. "), ("function_call", "get_weather"),
+                     ("message", "Done.")]
+    assert [(i["type"], i.get("name") or "".join(p["text"] for p in i["content"]))
+            for i in streamed] == kinds

@@ -396,3 +396,117 @@ def test_required_with_parallel_calls_never_repeats_a_call(client: openai.OpenAI
         assert "<tool_call>" not in text and '"arguments"' not in text, text
     assert ended.count("tool_calls") >= 4, ended
     print(f"\nrequired, parallel calls, 200 tokens, seeds 0-4: {ended}")
+
+
+CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Lima"]}},
+        "required": ["city"], "additionalProperties": False}
+# (case, max tokens, forced function or None, tools given, JSON schema of the answer)
+DOOR_CASES = [("text", 12, None, False, None), ("forced call", 96, "get_weather", True, None),
+              ("cut forced call", 20, "get_weather", True, None),
+              ("tools beside a schema", 64, None, True, CITY)]
+
+
+def _blocks_chat(client: openai.OpenAI, stream: bool, tokens: int, forced: str | None,
+                 tools: bool, schema: Any) -> list[tuple[str, str]]:
+    args: dict[str, Any] = dict(model="demo", messages=[{"role": "user", "content": ASK}],
+                                temperature=0, max_tokens=tokens)
+    if tools:
+        args["tools"] = TOOLS
+    if forced:
+        args["tool_choice"] = {"type": "function", "function": {"name": forced}}
+    if schema is not None:
+        args["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": "c", "schema": schema}}
+    if not stream:
+        m = client.chat.completions.create(**args).choices[0].message
+        return ([("text", m.content)] if m.content else []) + \
+            [("call", c.function.name) for c in m.tool_calls or ()]
+    out: list[tuple[str, str]] = []
+    for chunk in client.chat.completions.create(stream=True, **args):
+        for choice in chunk.choices:
+            if choice.delta.content:
+                if out and out[-1][0] == "text":
+                    out[-1] = ("text", out[-1][1] + choice.delta.content)
+                else:
+                    out.append(("text", choice.delta.content))
+            out += [("call", c.function.name) for c in choice.delta.tool_calls or ()
+                    if c.function and c.function.name]
+    return out
+
+
+def _blocks_messages(up: Sanctum, stream: bool, tokens: int, forced: str | None, tools: bool,
+                     schema: Any) -> list[tuple[str, str]]:
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=up.url, api_key="x", max_retries=0, timeout=300)
+    args: dict[str, Any] = dict(model="demo", max_tokens=tokens,
+                                messages=[{"role": "user", "content": ASK}],
+                                extra_body={"temperature": 0})
+    if tools:
+        args["tools"] = [{"name": t["function"]["name"],
+                          "input_schema": t["function"]["parameters"],
+                          "description": t["function"]["description"]} for t in TOOLS]
+    if forced:
+        args["tool_choice"] = {"type": "tool", "name": forced}
+    if schema is not None:
+        args["extra_body"] = {**args["extra_body"],
+                              "output_config": {"format": {"type": "json_schema",
+                                                           "schema": schema}}}
+    if stream:
+        with claude.messages.stream(**args) as s:
+            message = s.get_final_message()
+    else:
+        message = claude.messages.create(**args)
+    return [("text", b.text) if b.type == "text" else ("call", b.name)  # type: ignore[union-attr]
+            for b in message.content]
+
+
+def _blocks_responses(client: openai.OpenAI, stream: bool, tokens: int, forced: str | None,
+                      tools: bool, schema: Any) -> list[tuple[str, str]]:
+    args: dict[str, Any] = dict(model="demo", input=ASK, temperature=0, max_output_tokens=tokens)
+    if tools:
+        args["tools"] = [{"type": "function", "name": t["function"]["name"],
+                          "parameters": t["function"]["parameters"]} for t in TOOLS]
+    if forced:
+        args["tool_choice"] = {"type": "function", "name": forced}
+    if schema is not None:
+        args["text"] = {"format": {"type": "json_schema", "name": "c", "schema": schema}}
+    if stream:
+        items = [e.item for e in client.responses.create(stream=True, **args)
+                 if e.type == "response.output_item.done"]
+    else:
+        items = list(client.responses.create(**args).output)
+    out: list[tuple[str, str]] = []
+    for item in items:
+        if item.type == "function_call":
+            out.append(("call", item.name))  # type: ignore[union-attr]
+        else:
+            text = "".join(p.text for p in item.content)  # type: ignore[union-attr]
+            if text:
+                out.append(("text", text))
+    return out
+
+
+ASK = "What is the weather in Oslo?"
+
+
+@pytest.mark.parametrize(("case", "tokens", "forced", "tools", "schema"), DOOR_CASES,
+                         ids=[c[0] for c in DOOR_CASES])
+def test_the_three_doors_give_the_same_blocks_in_the_same_order(
+        up: Sanctum, client: openai.OpenAI, case: str, tokens: int, forced: str | None,
+        tools: bool, schema: Any) -> None:
+    """The same greedy request at chat completions, /v1/messages and /v1/responses, sync
+    and streamed: the same text and calls, in the same order, at every door."""
+    got = {}
+    for stream in (False, True):
+        got[("chat", stream)] = _blocks_chat(client, stream, tokens, forced, tools, schema)
+        got[("messages", stream)] = _blocks_messages(up, stream, tokens, forced, tools,
+                                                     schema)
+        got[("responses", stream)] = _blocks_responses(client, stream, tokens, forced, tools,
+                                                       schema)
+    want = got[("chat", False)]
+    assert want, case
+    for where, blocks in got.items():
+        assert blocks == want, (case, where, blocks, want)
+    for _, text in (b for b in want if b[0] == "text"):
+        assert "<tool_call>" not in text

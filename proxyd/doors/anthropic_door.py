@@ -207,11 +207,11 @@ class MessagesDoor:
         return self._stop() + event("message_delta", delta) + STOP
 
     def body(self, done: Done) -> bytes:
-        content: list[dict[str, Any]] = []
-        if done.text:
-            content.append({"type": "text", "text": done.text})
-        content.extend({"type": "tool_use", "id": tool_id(c), "name": c.name,
-                        "input": tool_input(c.arguments)} for c in done.tool_calls)
+        content: list[dict[str, Any]] = [
+            {"type": "text", "text": part} if isinstance(part, str) else
+            {"type": "tool_use", "id": tool_id(part), "name": part.name,
+             "input": tool_input(part.arguments)}
+            for part in done.in_order()]  # the stream's blocks, in its order
         a = done.answer
         message = self.message(a, content, stop_reason(done.finish_reason,
                                                        bool(done.tool_calls),

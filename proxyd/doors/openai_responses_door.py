@@ -148,10 +148,18 @@ class ResponsesDoor:
         a = done.answer
         status, incomplete = status_of(done.finish_reason)
         output: list[dict[str, Any]] = []
-        if done.text or not done.tool_calls:
-            lps = chat_logprobs(done.logprobs) if self.logprobs else None
-            output.append(message_item(self.message_id(a), done.text, status, lps))
-        output += [call_item(f"fc_{a.request_id}_{c.index}", c) for c in done.tool_calls]
+        parts = done.in_order() or ("",)  # an empty answer is one empty message
+        lps = list(done.logprobs)
+        for part in parts:  # the stream's items, in its order
+            if not isinstance(part, str):
+                output.append(call_item(f"fc_{a.request_id}_{part.index}", part))
+                continue
+            mine, used = [], 0  # this message's tokens: as many as its text holds
+            while lps and used < len(part):
+                used += len(lps[0].token)
+                mine.append(lps.pop(0))
+            output.append(message_item(self.message_id(a), part, status,
+                                       chat_logprobs(mine) if self.logprobs else None))
         return _encode(self.response(a, status, output, incomplete_details=incomplete,
                                      usage=usage_body(done.usage), sanctum=a.sanctum()))
 
