@@ -208,7 +208,7 @@ def assert_clean(door: str, status: int, content_type: str, answer: bytes) -> No
     assert status < 500, answer[:500]
     if status == 200:
         if content_type.startswith("text/event-stream"):
-            assert STREAM_END[door] in answer, answer[-300:]
+            assert any(end in answer for end in STREAM_END[door]), answer[-300:]
         else:
             reply = json.loads(answer)
             assert {CHAT: "choices", COMPLETIONS: "choices", MESSAGES: "content",
@@ -233,8 +233,11 @@ GOOD: dict[str, dict[str, Any]] = {
     COUNT: {"model": "private", "messages": [USER]},
     RESPONSES: {"model": "private", "input": "hello"},
 }
-STREAM_END = {CHAT: b"\ndata: [DONE]\n", COMPLETIONS: b"\ndata: [DONE]\n",
-              MESSAGES: b"event: message_stop\n", RESPONSES: b"event: response.completed\n"}
+# (a Responses stream cut by its budget ends with response.incomplete: the fake seat's
+# answers always run to their length)
+STREAM_END = {CHAT: (b"\ndata: [DONE]\n",), COMPLETIONS: (b"\ndata: [DONE]\n",),
+              MESSAGES: (b"event: message_stop\n",),
+              RESPONSES: (b"event: response.completed\n", b"event: response.incomplete\n")}
 
 
 @pytest.mark.parametrize("door", DOORS)

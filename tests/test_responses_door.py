@@ -87,7 +87,7 @@ def test_tools_run_by_openai_are_passed_over_and_named() -> None:
     ], tool_choice="auto")
     assert [t["function"]["name"] for t in json.loads(call.generate("r").tools_json)] == \
         ["exec_command"]
-    assert call.ignored == ("tools_1__namespace", "tools_2__web_search")
+    assert call.ignored == ("tools[1]_namespace", "tools[2]_web_search")
     with pytest.raises(BadRequest) as err:  # a passed-over tool cannot be forced
         read(tools=[{"type": "web_search"}], tool_choice={"type": "web_search"})
     assert err.value.param == "tool_choice.type"

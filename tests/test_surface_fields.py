@@ -303,13 +303,17 @@ def test_every_accepted_field_passes_and_is_not_listed_as_ignored(field: str) ->
 
 
 def test_unknown_fields_are_named_sorted_and_sanitised() -> None:
-    """Top-level fields unknown to the API are listed (sorted, sanitised, each once),
-    known ones never, nested unknown ones not at all; the answer is the same."""
+    """Fields unknown to the API are listed (sorted, sanitised, each once), at the top
+    level and inside the body with their paths; known ones never (an answer's `refusal`
+    sent back by the SDK is accepted); the answer is the same."""
     body = chat(ignore_eos=True, chat_template_kwargs={"x": 1}, **{"bad name\n": 1},
-                messages=[{"role": "user", "content": "hi", "refusal": None}],
+                messages=[{"role": "user", "content": "hi", "refusal": None,
+                           "frobnicate": 1}],
+                stream_options={"include_usage": True, "foo": 1},
                 temperature=0.5)
     done = read_chat(body, L)
-    assert done.ignored == ("bad_name_", "chat_template_kwargs", "ignore_eos")
+    assert done.ignored == ("bad_name_", "chat_template_kwargs", "ignore_eos",
+                            "messages[0].frobnicate", "stream_options.foo")
     assert done.params == read_chat(chat(temperature=0.5), L).params
     assert read_chat(chat(), L).ignored == ()
     # a field of the other door is unknown to this one
@@ -389,3 +393,17 @@ def test_which_rungs_may_continue_a_begun_answer(gen: Generate, hosted: bool,
     """After the commit, free text goes to any rung; a constrained answer only to a
     local seat given its exact tokens."""
     assert may_continue(gen, hosted) is may
+
+
+def test_json_object_with_a_schema_is_that_schema() -> None:
+    """{"type": "json_object", "schema": ...} (llama.cpp's and LM Studio's clients) is
+    the schema's constraint, not any JSON object; without a schema, any object."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    gen = read_chat(chat(response_format={"type": "json_object", "schema": schema}), L) \
+        .generate("r")
+    assert gen.response_format is not None
+    assert json.loads(gen.response_format) == {
+        "type": "json_schema", "json_schema": {"name": "json_object", "schema": schema}}
+    plain = read_chat(chat(response_format={"type": "json_object"}), L).generate("r")
+    assert plain.response_format is not None
+    assert json.loads(plain.response_format) == {"type": "json_object"}

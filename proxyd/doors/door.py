@@ -26,12 +26,13 @@ from __future__ import annotations
 import re
 import types
 from functools import cache
-from typing import Annotated, Any, Literal, Protocol, TypeVar, cast
+from typing import Annotated, Any, ClassVar, Literal, Protocol, TypeVar, cast
 
 import msgspec
 
 from proxyd import limits as lim
-from proxyd.doors.openai_fields import ignored_fields
+from proxyd.doors.openai_fields import ignored_fields, sanitise
+from proxyd.doors.unknown_fields import unknown_paths
 from proxyd.events import Answer, Done, Text
 from shared.errors import BadRequest
 from shared.protocol import Usage
@@ -68,8 +69,11 @@ class SanctumOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class DoorRequest(msgspec.Struct, frozen=True):
-    """The base of every door's request body: the model (a route) it asks for."""
+    """The base of every door's request body: the model (a route) it asks for.
+    `nested_named`: the keys unknown inside the body are named too, with their paths
+    (`proxyd.doors.unknown_fields`), not only those at its top level."""
 
+    nested_named: ClassVar[bool] = False
     model: str
 
 
@@ -91,10 +95,15 @@ def decode_body(body: bytes, kind: type[R]) -> tuple[R, tuple[str, ...]]:
     lim.check_depth(body)
     try:
         try:
-            return cast(R, msgspec.json.decode(body, type=strict_twin(kind))), ()
+            req = cast(R, msgspec.json.decode(body, type=strict_twin(kind)))
+            top: tuple[str, ...] = ()
         except msgspec.ValidationError:
             req = msgspec.json.decode(body, type=kind)
-        return req, ignored_fields(body, kind)
+            top = ignored_fields(body, kind)
+        inside = unknown_paths(msgspec.json.decode(body), kind) if kind.nested_named else ()
+        if inside:
+            return req, tuple(sorted({*top, *(sanitise(p) for p in inside)}))
+        return req, top
     except msgspec.ValidationError as exc:
         text = str(exc)
         raise BadRequest(f"invalid request: {text}", param=validation_param(text)) from None

@@ -13,7 +13,7 @@ applied here, after decoding: the body's own size was bounded before it was read
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
@@ -64,6 +64,10 @@ class Message(msgspec.Struct, frozen=True):
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # an assistant turn's calls
     tool_call_id: CallId | None = None  # a tool result: the call it answers
+    # accepted: what the openai SDK sends back of an answer it got (a refusal's text,
+    # citations), asking for nothing here
+    refusal: msgspec.Raw = ABSENT
+    annotations: msgspec.Raw = ABSENT
 
 
 class StreamOptions(msgspec.Struct, frozen=True):
@@ -71,6 +75,7 @@ class StreamOptions(msgspec.Struct, frozen=True):
 
 
 class _Common(DoorRequest, frozen=True):
+    nested_named: ClassVar[bool] = True  # messages[0].frobnicate is named too
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: Temperature | None = None

@@ -115,7 +115,7 @@ def door_fields(door: Literal["chat", "completions"]) -> dict[str, Field]:
 
 MAX_IGNORED_LISTED = 16  # names in X-Sanctum-Ignored; past them: "+N"
 MAX_IGNORED_CHARS = 64
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.\[\]-]")  # a path's brackets too
 _raw_map = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 

@@ -73,8 +73,11 @@ class TextFormat(msgspec.Struct, frozen=True, tag="text", tag_field="type"):
     pass
 
 
-class JsonObjectFormat(msgspec.Struct, frozen=True, tag="json_object", tag_field="type"):
-    pass
+class JsonObjectFormat(msgspec.Struct, frozen=True, tag="json_object", tag_field="type",
+                       omit_defaults=True):
+    # {"type": "json_object", "schema": {...}}: the form llama.cpp's and LM Studio's
+    # clients send; honoured as that schema (`response_format`)
+    schema: dict[str, Any] | None = None
 
 
 class JsonSchemaSpec(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -134,6 +137,8 @@ def response_format(fmt: ResponseFormat | None, limits: ProxyConfig) -> str | No
     field order, defaults left out); None: free text."""
     if fmt is None or isinstance(fmt, TextFormat):
         return None
+    if isinstance(fmt, JsonObjectFormat) and fmt.schema is not None:
+        fmt = JsonSchemaFormat(JsonSchemaSpec("json_object", fmt.schema))
     if isinstance(fmt, JsonSchemaFormat) and fmt.json_schema.schema is not None:
         field = "response_format.json_schema.schema"
         lim.check_schema(field, lim.encoded_bytes(field, fmt.json_schema.schema), limits)
