@@ -564,3 +564,23 @@ def test_a_body_has_the_streams_blocks_in_the_streams_order() -> None:
     content = json.loads(MessagesDoor(False).body(done))["content"]
     assert [b["type"] for b in content] == starts == ["text", "tool_use", "text"]
     assert [b.get("text") for b in content] == ["Let me check. ", None, "Done."]
+
+
+def test_unknown_keys_inside_the_body_are_named_with_their_paths() -> None:
+    """A block's unknown key is named with its path; cache_control anywhere is accepted;
+    a block of a type the door does not read keeps its fields to itself."""
+    from proxyd.doors.anthropic_api import read_messages
+    from shared.config import ProxyConfig
+
+    m = read_messages(json.dumps({
+        "model": "m", "max_tokens": 5,
+        "system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "zz": 1,
+                                                   "cache_control": {"type": "ephemeral"}}]},
+                     {"role": "assistant", "content": [{"type": "thinking", "thinking": "t",
+                                                        "signature": "x"},
+                                                       {"type": "text", "text": "ok"}]},
+                     {"role": "user", "content": "go"}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}, "yy": 2}]}).encode(),
+        ProxyConfig())
+    assert m.ignored == ("messages[0].content[0].zz", "tools[0].yy")

@@ -583,3 +583,14 @@ def test_a_body_has_the_streams_items_in_the_streams_order() -> None:
                      ("message", "Done.")]
     assert [(i["type"], i.get("name") or "".join(p["text"] for p in i["content"]))
             for i in streamed] == kinds
+
+
+def test_unknown_keys_inside_the_body_are_named_with_their_paths() -> None:
+    """An input item's or a function tool's unknown key is named with its path; a
+    reasoning item (dropped) and a tool OpenAI runs (named whole) are not walked."""
+    call = read(input=[{"role": "user", "content": "hi", "zz": 1},
+                       {"type": "reasoning", "id": "rs_1", "summary": [],
+                        "encrypted_content": "x"}],
+                tools=[{"type": "function", "name": "f", "parameters": {"type": "object"},
+                        "yy": 2}, {"type": "web_search", "external_web_access": True}])
+    assert call.ignored == ("input[0].zz", "tools[0].yy", "tools[1]_web_search")

@@ -510,3 +510,24 @@ def test_the_three_doors_give_the_same_blocks_in_the_same_order(
         assert blocks == want, (case, where, blocks, want)
     for _, text in (b for b in want if b[0] == "text"):
         assert "<tool_call>" not in text
+
+
+def test_every_door_names_an_unknown_key_inside_the_body(up: Sanctum,
+                                                         client: openai.OpenAI) -> None:
+    """Through each SDK: a key no API knows, inside the body, is answered (not refused)
+    and named with its path in X-Sanctum-Ignored."""
+    import anthropic
+
+    chat = client.chat.completions.with_raw_response.create(
+        model="demo", max_tokens=2, messages=[{"role": "user", "content": "hi",
+                                               "frobnicate": 1}])  # type: ignore[misc]
+    assert chat.headers["x-sanctum-ignored"] == "messages[0].frobnicate"
+    claude = anthropic.Anthropic(base_url=up.url, api_key="x", max_retries=0, timeout=300)
+    message = claude.messages.with_raw_response.create(
+        model="demo", max_tokens=2,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "hi", "zz": 1}]}])  # type: ignore[typeddict-unknown-key]
+    assert message.headers["x-sanctum-ignored"] == "messages[0].content[0].zz"
+    response = client.responses.with_raw_response.create(
+        model="demo", max_output_tokens=2,
+        input=[{"role": "user", "content": "hi", "zz": 1}])  # type: ignore[typeddict-unknown-key]
+    assert response.headers["x-sanctum-ignored"] == "input[0].zz"

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal, NamedTuple, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, TypeVar
 
 import msgspec
 
@@ -75,6 +75,7 @@ class ResultPart(msgspec.Struct, frozen=True):
 
     type: str
     text: str | None = None
+    cache_control: msgspec.Raw = ABSENT  # accepted, as at the top level
 
 
 class Block(msgspec.Struct, frozen=True):
@@ -90,6 +91,8 @@ class Block(msgspec.Struct, frozen=True):
     tool_use_id: CallId | None = None
     content: str | list[ResultPart] | dict[str, Any] | None = None
     is_error: bool = False
+    cache_control: msgspec.Raw = ABSENT  # accepted, as at the top level
+    citations: msgspec.Raw = ABSENT  # accepted: a text's sources, asking for nothing
 
 
 class Message(msgspec.Struct, frozen=True):
@@ -100,6 +103,8 @@ class Message(msgspec.Struct, frozen=True):
 class TextBlock(msgspec.Struct, frozen=True):
     type: Literal["text"]
     text: str
+    cache_control: msgspec.Raw = ABSENT  # accepted, as at the top level
+    citations: msgspec.Raw = ABSENT
 
 
 class AnthropicTool(msgspec.Struct, frozen=True):
@@ -112,6 +117,7 @@ class AnthropicTool(msgspec.Struct, frozen=True):
     description: str | None = None
     type: str | None = None  # "custom" or absent
     strict: bool | None = None
+    cache_control: msgspec.Raw = ABSENT  # accepted, as at the top level
 
 
 class AutoChoice(msgspec.Struct, frozen=True, tag="auto", tag_field="type"):
@@ -147,6 +153,15 @@ class OutputConfig(msgspec.Struct, frozen=True):
 
 class _Body(DoorRequest, frozen=True):
     """What the Messages and count_tokens bodies share."""
+
+    nested_named: ClassVar[bool] = True
+
+    @classmethod
+    def opaque(cls, path: str, value: dict[str, Any]) -> bool:
+        """A content block of a type the door does not read (thinking, image, ...):
+        its fields are its type's."""
+        return ".content[" in path and value.get("type") not in (
+            "text", "tool_use", "tool_result")
 
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
     system: str | list[TextBlock] | None = None

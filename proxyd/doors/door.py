@@ -76,6 +76,12 @@ class DoorRequest(msgspec.Struct, frozen=True):
     nested_named: ClassVar[bool] = False
     model: str
 
+    @classmethod
+    def opaque(cls, path: str, value: dict[str, Any]) -> bool:
+        """An object inside the body this door passes over whole (its keys are not
+        walked: `proxyd.doors.unknown_fields`)."""
+        return False
+
 
 R = TypeVar("R", bound=DoorRequest)
 
@@ -100,7 +106,8 @@ def decode_body(body: bytes, kind: type[R]) -> tuple[R, tuple[str, ...]]:
         except msgspec.ValidationError:
             req = msgspec.json.decode(body, type=kind)
             top = ignored_fields(body, kind)
-        inside = unknown_paths(msgspec.json.decode(body), kind) if kind.nested_named else ()
+        inside = unknown_paths(msgspec.json.decode(body), kind, kind.opaque) \
+            if kind.nested_named else ()
         if inside:
             return req, tuple(sorted({*top, *(sanitise(p) for p in inside)}))
         return req, top

@@ -32,7 +32,7 @@ import functools
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import msgspec
 
@@ -111,6 +111,16 @@ class TextConfig(msgspec.Struct, frozen=True):
 class ResponsesRequest(DoorRequest, frozen=True):
     """The body, as the SDK's ResponseCreateParams names it (lenient: unknown top-level
     fields are ignored).  Fields kept raw are the accepted and refused ones."""
+
+    nested_named: ClassVar[bool] = True
+
+    @classmethod
+    def opaque(cls, path: str, value: dict[str, Any]) -> bool:
+        """A reasoning input item (dropped) and a tool OpenAI's servers run (passed
+        over and named whole): their fields are their type's."""
+        kind = value.get("type")
+        return (path.startswith("input[") and kind == "reasoning") or (
+            path.startswith("tools[") and kind != "function")
 
     input: str | list[Item] | None = None
     instructions: str | None = None
