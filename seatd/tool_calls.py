@@ -18,12 +18,12 @@ gets), piece by piece:
                            back until it is one or is not (as stop strings are)
     a call, start to end   held whole, then parsed: each call it holds becomes a
                            ToolCall (index, id, name, arguments as JSON text)
-    a call that does not   sent on as the text it was, counted in `failures`
-      parse, or names no
-      tool of the request
+    a call that does not   dropped (with the blanks before it), counted in
+      parse, or names no    `failures`: a call's markup never reaches the client's
+      tool of the request   text, where an agent could not act on it
     an unclosed call at    parsed when the family's end marker is optional (Mistral
       the end               has none; an end marker that is an EOS token never shows
-                           in the text), else sent on as text and counted a failure
+                           in the text), else dropped and counted a failure
     a call the budget cut  (the answer ran out of tokens inside it: `close(cut=True)`)
                            the door's own cut call, as OpenAI returns one: its name
                            (the forced function's, the request's only tool, or the
@@ -271,7 +271,7 @@ class ToolSplitter:
                 end = self._call(self.held, closed=False)
             else:
                 self.failures += 1
-                end = Split(self._blanks() + self.family.start + self.held)
+                self._blanks()
             self.held = ""
         self.gap = ""  # blanks after the last call
         return self._sending(Split(out.text + end.text, out.calls + end.calls))
@@ -321,8 +321,9 @@ class ToolSplitter:
             found = calls_of(self.family.parse(inner, self.tools), self.names)
         except Exception:  # mlx-lm's parsers raise what they meet (ValueError, ...)
             self.failures += 1
-            end = self.family.end if closed else ""
-            return Split(self._blanks() + self.family.start + inner + end)
+            self._blanks()  # its blanks were the syntax's, as a good call's are
+            self.after = True  # and so are those after it, unless text follows
+            return Split("")
         self.gap, self.after = "", True
         calls = []
         for name, arguments in found:

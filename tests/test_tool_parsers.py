@@ -1,6 +1,6 @@
 """Tool calls out of answers as real model families emit them (seatd/tool_calls.py):
 mlx-lm's parser for each family, the markers found however the text is cut into
-chunks, a call that does not parse sent on as the text it was."""
+chunks, a call that does not parse dropped, never sent as its markup."""
 
 from __future__ import annotations
 
@@ -111,33 +111,40 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize(("family", "text"), MALFORMED)
-def test_a_malformed_call_is_sent_on_as_text(family: str, text: str) -> None:
-    """Nothing is lost and nothing made up: the text as it was, one failure counted."""
+def test_a_malformed_call_is_dropped_never_sent_as_its_markup(family: str, text: str) -> None:
+    """Nothing made up, and no markup in the text (an agent could not act on it): the
+    text around the call as it was, the call dropped, one failure counted."""
+    f = family_named(family)
+    start = text.index(f.start)
+    end = text.find(f.end, start) if f.end else -1
+    outside = text[:start] + (text[end + len(f.end):] if end != -1 else "")
     for pieces in cuts(text):
-        sent, calls, splitter = run(family_named(family), pieces)
-        assert (sent, calls, splitter.failures) == (text, [], 1), pieces
+        sent, calls, splitter = run(f, pieces)
+        assert (sent, calls, splitter.failures) == (outside, [], 1), pieces
 
 
 def test_a_malformed_call_beside_a_good_one() -> None:
-    """Each call stands alone: the good one parses, the bad one stays text."""
+    """Each call stands alone: the good one parses, the bad one is dropped."""
     bad = '<tool_call>\n{"name": "get_time", "arguments": \n</tool_call>'
     good = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>'
-    sent, calls, splitter = run(family_named("json_tools"), [bad + "\n" + good])
-    assert sent == bad + "\n" and calls == [{"name": "get_time",
-                                            "arguments": {"timezone": "UTC"}}]
+    sent, calls, splitter = run(family_named("json_tools"), ["Ok. " + bad + "\n" + good])
+    assert sent == "Ok. " and calls == [{"name": "get_time",
+                                        "arguments": {"timezone": "UTC"}}]
     assert (splitter.made, splitter.failures) == (1, 1)
 
 
 GOOD = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</tool_call>'
 BAD = '<tool_call>\n{"name": "get_time", "arguments": }\n</tool_call>'
+OTHER = GOOD.replace("UTC", "CET")  # another call (the same one again ends the answer)
 
 
 @pytest.mark.parametrize(("text", "want", "calls"), [
-    (GOOD + "\n" + GOOD + "\n\n", "", 2),  # the syntax's newlines are no content
+    (GOOD + "\n" + OTHER + "\n\n", "", 2),  # the syntax's newlines are no content
     (GOOD + "\n \nDone.", "\n \nDone.", 1),  # blanks before text are the text's
     ("Hi\n" + GOOD, "Hi\n", 1),  # blanks before a first call are text
-    (GOOD + "\n" + BAD, "\n" + BAD, 1),  # a call that is text keeps the blanks before it
-    (GOOD + "\n" + GOOD[:30], "\n" + GOOD[:30], 1),  # so does an unclosed one
+    (GOOD + "\n" + BAD, "", 1),  # a call dropped drops the blanks before it
+    (GOOD + "\n" + GOOD[:30], "", 1),  # so does an unclosed one
+    (BAD + "\nDone.", "\nDone.", 0),  # blanks before text are the text's
 ])
 def test_blanks_between_calls(text: str, want: str, calls: int) -> None:
     for pieces in cuts(text):
@@ -160,7 +167,7 @@ def test_a_continued_answer_goes_on_from_the_calls_it_has() -> None:
     splitter = resumed(head, seen)
     assert (splitter.made, splitter.replayed) == (1, 1)
     assert splitter.feed(" now.") == (" now.", ())
-    got = splitter.feed(GOOD)
+    got = splitter.feed(OTHER)
     assert [(c.index, c.id) for c in got.calls] == [(1, call_id("req-1", 1))]
     # the client lacks text the other seat still held, or has a character still to come
     assert resumed(head, "Sure.\n").feed("!").text == "\nDone!"
@@ -473,13 +480,13 @@ def test_a_cut_call_with_no_name_to_give_is_dropped_and_counted() -> None:
     assert calls == [(TOOLS[0]["function"]["name"], "")]
 
 
-def test_an_answer_not_cut_keeps_todays_unclosed_call_rule() -> None:
+def test_an_answer_not_cut_drops_an_unclosed_call() -> None:
     """Ended by itself (not the budget): an unclosed call in a family whose end marker is
-    required is sent on as the text it was, one failure counted."""
+    required is no call, and is dropped, never its markup sent; one failure counted."""
     splitter = ToolSplitter(family_named("json_tools"), TOOLS, "req-1")
     text = 'Sure.<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}'
     got = [splitter.feed(text), splitter.close()]
-    assert "".join(g.text for g in got) == text and splitter.failures == 1
+    assert "".join(g.text for g in got) == "Sure." and splitter.failures == 1
 
 
 def test_the_forced_function_reaches_the_splitter() -> None:
