@@ -372,6 +372,10 @@ def test_a_completion_prompt_of_token_ids_is_the_same_prompt(
         assert got.choices[0].text == want.choices[0].text
         assert got.usage is not None and want.usage is not None
         assert got.usage.prompt_tokens == want.usage.prompt_tokens == len(ids)
+        streamed = client.completions.create(model="demo", prompt=prompt, max_tokens=12,
+                                             temperature=0, stream=True)
+        assert "".join(c.choices[0].text for c in streamed if c.choices) == \
+            want.choices[0].text
     with pytest.raises(openai.BadRequestError) as bad:
         client.completions.create(model="demo", prompt=[*ids[:2], 10**9], max_tokens=4)
     assert bad.value.status_code == 400 and "prompt[2]" in str(bad.value.message)
@@ -384,9 +388,10 @@ def test_required_with_parallel_calls_never_repeats_a_call(client: openai.OpenAI
     tool_calls, no answer holds a call twice, and no markup reaches any text."""
     ended = []
     for seed in range(5):
-        r = client.chat.completions.create(
+        args: dict[str, Any] = dict(
             model="demo", messages=[{"role": "user", "content": "What is the weather?"}],
             tools=TOOLS, tool_choice="required", temperature=0.7, seed=seed, max_tokens=200)
+        r = client.chat.completions.create(**args)
         choice = r.choices[0]
         ended.append(choice.finish_reason)
         calls = [(c.function.name, c.function.arguments)
@@ -394,6 +399,15 @@ def test_required_with_parallel_calls_never_repeats_a_call(client: openai.OpenAI
         assert calls and len(set(calls)) == len(calls), calls
         text = choice.message.content or ""
         assert "<tool_call>" not in text and '"arguments"' not in text, text
+        # streamed, the seeded answer is the same: the same calls, once each
+        with client.chat.completions.stream(**args) as s:
+            for _ in s:
+                pass
+            snap = s.current_completion_snapshot.choices[0]
+        assert snap.finish_reason == choice.finish_reason
+        assert [(c.function.name, c.function.arguments)
+                for c in snap.message.tool_calls or ()] == calls
+        assert not snap.message.content
     assert ended.count("tool_calls") >= 4, ended
     print(f"\nrequired, parallel calls, 200 tokens, seeds 0-4: {ended}")
 
@@ -518,10 +532,11 @@ def test_every_door_names_an_unknown_key_inside_the_body(up: Sanctum,
     and named with its path in X-Sanctum-Ignored."""
     import anthropic
 
-    chat = client.chat.completions.with_raw_response.create(
-        model="demo", max_tokens=2, messages=[{"role": "user", "content": "hi",
-                                               "frobnicate": 1}])  # type: ignore[misc]
-    assert chat.headers["x-sanctum-ignored"] == "messages[0].frobnicate"
+    for stream in (False, True):
+        chat = client.chat.completions.with_raw_response.create(
+            model="demo", max_tokens=2, stream=stream,
+            messages=[{"role": "user", "content": "hi", "frobnicate": 1}])  # type: ignore[misc]
+        assert chat.headers["x-sanctum-ignored"] == "messages[0].frobnicate", stream
     claude = anthropic.Anthropic(base_url=up.url, api_key="x", max_retries=0, timeout=300)
     message = claude.messages.with_raw_response.create(
         model="demo", max_tokens=2,
@@ -531,3 +546,22 @@ def test_every_door_names_an_unknown_key_inside_the_body(up: Sanctum,
         model="demo", max_output_tokens=2,
         input=[{"role": "user", "content": "hi", "zz": 1}])  # type: ignore[typeddict-unknown-key]
     assert response.headers["x-sanctum-ignored"] == "input[0].zz"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_json_object_with_a_schema_answers_under_that_schema(client: openai.OpenAI,
+                                                             stream: bool) -> None:
+    """`response_format: {"type": "json_object", "schema": ...}` (llama.cpp's and LM
+    Studio's clients): the answer parses and validates under the schema, sync and
+    streamed."""
+    args: dict[str, Any] = dict(
+        model="demo", messages=[{"role": "user", "content": "A person, please."}],
+        temperature=0.7, seed=4, max_tokens=160,
+        response_format={"type": "json_object", "schema": PERSON})
+    if stream:
+        text = "".join(c.choices[0].delta.content or ""
+                       for c in client.chat.completions.create(stream=True, **args)
+                       if c.choices)
+    else:
+        text = client.chat.completions.create(**args).choices[0].message.content or ""
+    jsonschema.validate(json.loads(text), PERSON)
