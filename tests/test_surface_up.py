@@ -538,14 +538,15 @@ def test_every_door_names_an_unknown_key_inside_the_body(up: Sanctum,
             messages=[{"role": "user", "content": "hi", "frobnicate": 1}])  # type: ignore[misc]
         assert chat.headers["x-sanctum-ignored"] == "messages[0].frobnicate", stream
     claude = anthropic.Anthropic(base_url=up.url, api_key="x", max_retries=0, timeout=300)
-    message = claude.messages.with_raw_response.create(
-        model="demo", max_tokens=2,
-        messages=[{"role": "user", "content": [{"type": "text", "text": "hi", "zz": 1}]}])  # type: ignore[typeddict-unknown-key]
-    assert message.headers["x-sanctum-ignored"] == "messages[0].content[0].zz"
-    response = client.responses.with_raw_response.create(
-        model="demo", max_output_tokens=2,
-        input=[{"role": "user", "content": "hi", "zz": 1}])  # type: ignore[typeddict-unknown-key]
-    assert response.headers["x-sanctum-ignored"] == "input[0].zz"
+    for stream in (False, True):
+        message = claude.messages.with_raw_response.create(
+            model="demo", max_tokens=2, stream=stream,
+            messages=[{"role": "user", "content": [{"type": "text", "text": "hi", "zz": 1}]}])  # type: ignore[typeddict-unknown-key]
+        assert message.headers["x-sanctum-ignored"] == "messages[0].content[0].zz", stream
+        response = client.responses.with_raw_response.create(
+            model="demo", max_output_tokens=2, stream=stream,
+            input=[{"role": "user", "content": "hi", "zz": 1}])  # type: ignore[typeddict-unknown-key]
+        assert response.headers["x-sanctum-ignored"] == "input[0].zz", stream
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -565,3 +566,104 @@ def test_json_object_with_a_schema_answers_under_that_schema(client: openai.Open
     else:
         text = client.chat.completions.create(**args).choices[0].message.content or ""
     jsonschema.validate(json.loads(text), PERSON)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_integer_the_schema_leaves_unbounded_stops_at_16_digits(
+        client: openai.OpenAI, stream: bool) -> None:
+    """A model pushed to write digits for ever (logit_bias on the demo's "1" and "11"
+    tokens) under a schema whose integer has no bound: the answer still parses, its
+    integer has 16 digits at most."""
+    from shared.builtin import resolve_model
+    from shared.prompt import load_tokenizer
+
+    tok = load_tokenizer(resolve_model("builtin:demo"))
+    ones = {str(i): 100 for t in ("1", "11") for i in tok.encode(t, add_special_tokens=False)}
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    args: dict[str, Any] = dict(
+        model="demo", messages=[{"role": "user", "content": "A number."}], temperature=0,
+        max_tokens=40, logit_bias=ones,
+        response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
+    if stream:
+        text = "".join(c.choices[0].delta.content or ""
+                       for c in client.chat.completions.create(stream=True, **args)
+                       if c.choices)
+    else:
+        text = client.chat.completions.create(**args).choices[0].message.content or ""
+    n = json.loads(text)["n"]
+    assert 10**15 <= abs(n) < 10**16, text  # pushed to the bound, and held there
+    # the same grammar behind the Responses door's text.format (its logit_bias: none,
+    # so only the bound's presence is checked: the answer parses, 16 digits at most)
+    rargs: dict[str, Any] = dict(
+        model="demo", input="A number.", temperature=0, max_output_tokens=40,
+        text={"format": {"type": "json_schema", "name": "n", "schema": schema}})
+    if stream:
+        rtext = "".join(e.delta for e in client.responses.create(stream=True, **rargs)
+                        if e.type == "response.output_text.delta")
+    else:
+        rtext = client.responses.create(**rargs).output_text
+    assert abs(json.loads(rtext)["n"]) < 10**16, rtext
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_no_door_sends_a_call_twice(up: Sanctum, client: openai.OpenAI, stream: bool) -> None:
+    """The repeated-call rule at /v1/messages (tool_choice any, parallel calls allowed) and
+    /v1/responses (required): seeded answers whose calls are each made once."""
+    import anthropic
+
+    claude = anthropic.Anthropic(base_url=up.url, api_key="x", max_retries=0, timeout=300)
+    tools = [{"name": t["function"]["name"], "input_schema": t["function"]["parameters"],
+              "description": t["function"]["description"]} for t in TOOLS]
+    rtools: Any = [{"type": "function", "name": t["function"]["name"],
+                    "parameters": t["function"]["parameters"]} for t in TOOLS]
+    ask = [{"role": "user", "content": "What is the weather?"}]
+    for seed in range(2):
+        margs: dict[str, Any] = dict(model="demo", max_tokens=200, messages=ask, tools=tools,
+                                     tool_choice={"type": "any"},
+                                     extra_body={"temperature": 0.7, "seed": seed})
+        if stream:
+            with claude.messages.stream(**margs) as s:
+                message = s.get_final_message()
+        else:
+            message = claude.messages.create(**margs)
+        calls = [(b.name, json.dumps(b.input, sort_keys=True)) for b in message.content  # type: ignore[union-attr]
+                 if b.type == "tool_use"]
+        assert calls and len(set(calls)) == len(calls), calls
+        rargs: dict[str, Any] = dict(model="demo", input=ask, tools=rtools,
+                                     tool_choice="required", temperature=0.7,
+                                     max_output_tokens=200, extra_body={"seed": seed})
+        if stream:
+            items = [e.item for e in client.responses.create(stream=True, **rargs)
+                     if e.type == "response.output_item.done"]
+        else:
+            items = list(client.responses.create(**rargs).output)
+        rcalls = [(i.name, i.arguments) for i in items if i.type == "function_call"]  # type: ignore[union-attr]
+        assert rcalls and len(set(rcalls)) == len(rcalls), rcalls
+
+
+def test_an_over_cap_prompt_is_context_length_exceeded_at_every_door(
+        up: Sanctum, client: openai.OpenAI) -> None:
+    """Over the cap: a 413 whose code is `context_length_exceeded` (what OpenAI clients
+    look for to trim the history) with its numbers, through each SDK."""
+    import anthropic
+
+    long = "word " * 4000
+    for call in (
+            lambda: client.chat.completions.create(
+                model="demo", max_tokens=2, messages=[{"role": "user", "content": long}]),
+            lambda: client.completions.create(model="demo", max_tokens=2, prompt=long),
+            lambda: client.responses.create(model="demo", max_output_tokens=2, input=long)):
+        with pytest.raises(openai.APIStatusError) as err:
+            call()
+        assert err.value.status_code == 413
+        body: Any = err.value.body
+        assert body["code"] == "context_length_exceeded" and body["prompt_tokens"] > body["cap"]
+    claude = anthropic.Anthropic(base_url=up.url, api_key="x", max_retries=0, timeout=300)
+    with pytest.raises(anthropic.APIStatusError) as aerr:
+        claude.messages.create(model="demo", max_tokens=2,
+                               messages=[{"role": "user", "content": long}])
+    assert aerr.value.status_code == 413
+    error: Any = aerr.value.body
+    assert error["error"]["code"] == "context_length_exceeded"
+    assert error["error"]["message"].startswith("prompt is too long")
