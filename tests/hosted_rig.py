@@ -70,11 +70,13 @@ class HostedRig:
         `answer`: both upstreams know this one answer (as two providers of one model), so
         that an answer one begins the other can finish."""
         self.dir = Path(tempfile.mkdtemp(prefix="hrig-", dir="/tmp"))
-        self.port = free_port()
         self.primary = FakeUpstream(primary, answer=answer or "primary says hi",
                                     model="primary-v2")
         self.backup = FakeUpstream(backup, answer=answer or "backup answers here",
                                    model="backup-v7")
+        # After the upstreams have bound theirs: a port picked first and released could
+        # be the one the system gives an upstream, and proxyd would not bind it.
+        self.port = free_port()
         seats = "".join(
             SEAT.format(name=n, url=u.url, key_env=KEY_ENV, cap=cap,
                         first_token=first_token, stall=stall,
