@@ -549,6 +549,15 @@ def test_every_door_names_an_unknown_key_inside_the_body(up: Sanctum,
         assert response.headers["x-sanctum-ignored"] == "input[0].zz", stream
 
 
+def _chat_text(client: openai.OpenAI, stream: bool, args: dict[str, Any]) -> str:
+    """A chat answer's text, whole or joined from its stream."""
+    if stream:
+        return "".join(c.choices[0].delta.content or ""
+                       for c in client.chat.completions.create(stream=True, **args)
+                       if c.choices)
+    return client.chat.completions.create(**args).choices[0].message.content or ""
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_json_object_with_a_schema_answers_under_that_schema(client: openai.OpenAI,
                                                              stream: bool) -> None:
@@ -559,12 +568,7 @@ def test_json_object_with_a_schema_answers_under_that_schema(client: openai.Open
         model="demo", messages=[{"role": "user", "content": "A person, please."}],
         temperature=0.7, seed=4, max_tokens=160,
         response_format={"type": "json_object", "schema": PERSON})
-    if stream:
-        text = "".join(c.choices[0].delta.content or ""
-                       for c in client.chat.completions.create(stream=True, **args)
-                       if c.choices)
-    else:
-        text = client.chat.completions.create(**args).choices[0].message.content or ""
+    text = _chat_text(client, stream, args)
     jsonschema.validate(json.loads(text), PERSON)
 
 
@@ -585,12 +589,7 @@ def test_an_integer_the_schema_leaves_unbounded_stops_at_16_digits(
         model="demo", messages=[{"role": "user", "content": "A number."}], temperature=0,
         max_tokens=40, logit_bias=ones,
         response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
-    if stream:
-        text = "".join(c.choices[0].delta.content or ""
-                       for c in client.chat.completions.create(stream=True, **args)
-                       if c.choices)
-    else:
-        text = client.chat.completions.create(**args).choices[0].message.content or ""
+    text = _chat_text(client, stream, args)
     n = json.loads(text)["n"]
     assert 10**15 <= abs(n) < 10**16, text  # pushed to the bound, and held there
     # the same grammar behind the Responses door's text.format (its logit_bias: none,
