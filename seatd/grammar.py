@@ -30,9 +30,10 @@ does not undo one): EOS is allowed exactly when the grammar may end, and after i
 JSON is compiled with at most one space between tokens (`WHITESPACE`): the answer
 reads as `json.dumps` writes it, and no token is spent on blanks.  A number a schema
 leaves unbounded gets bounds (`bounded_numbers`): an integer has at most 16 digits, as
-llama.cpp's schema converter allows, and a number's integer part likewise (no
-exponent then), so a model that keeps writing digits cannot fill its budget with one;
-a bound the schema sets is kept.  (llguidance leaves a fraction's digits unbounded.)
+llama.cpp's schema converter allows, a number's integer part likewise (no exponent
+then), and its fraction at most 10 digits (`multipleOf` 1e-10, the finest step
+llguidance takes), so a model that keeps writing digits cannot fill its budget with one;
+a bound or step the schema sets is kept.
 
 Errors (each a `GrammarRefusal`, a 400 for the client, with the parameter it names):
 
@@ -119,6 +120,7 @@ class Plan:
 
 INT_BOUND = 10**16 - 1  # 16 digits
 NUMBER_BOUND = 1e16
+FRACTION_STEP = 1e-10  # 10 fraction digits: llguidance refuses a finer multipleOf
 
 
 def bounded_numbers(schema: Any) -> Any:
@@ -139,6 +141,8 @@ def bounded_numbers(schema: Any) -> Any:
             out["minimum"] = low
         if "maximum" not in out and "exclusiveMaximum" not in out:
             out["maximum"] = high
+        if "number" in kinds and "multipleOf" not in out:
+            out["multipleOf"] = FRACTION_STEP
     return out
 
 

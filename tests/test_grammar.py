@@ -495,12 +495,16 @@ def test_tools_beside_a_response_format(seat: SeatGrammar, tok: TokenizerWrapper
     ({"type": "integer", "minimum": 1}, {"type": "integer", "minimum": 1,
                                          "maximum": 10**16 - 1}),
     ({"type": ["number", "null"], "exclusiveMaximum": 5},
-     {"type": ["number", "null"], "exclusiveMaximum": 5, "minimum": -1e16}),
+     {"type": ["number", "null"], "exclusiveMaximum": 5, "minimum": -1e16,
+      "multipleOf": 1e-10}),
+    ({"type": "number", "multipleOf": 0.5}, {"type": "number", "multipleOf": 0.5,
+                                            "minimum": -1e16, "maximum": 1e16}),
     ({"type": "object", "properties": {"type": {"type": "integer", "maximum": 7}}},
      {"type": "object", "properties": {"type": {"type": "integer", "maximum": 7,
                                                 "minimum": -(10**16 - 1)}}}),
     ({"anyOf": [{"type": "string"}, {"type": "number"}]},
-     {"anyOf": [{"type": "string"}, {"type": "number", "minimum": -1e16, "maximum": 1e16}]}),
+     {"anyOf": [{"type": "string"}, {"type": "number", "minimum": -1e16, "maximum": 1e16,
+                                     "multipleOf": 1e-10}]}),
 ])
 def test_unbounded_numbers_get_bounds_the_schema_did_not_set(schema: Any, want: Any) -> None:
     from seatd.grammar import bounded_numbers
@@ -520,3 +524,19 @@ def test_an_integer_a_schema_leaves_unbounded_has_at_most_16_digits(
     assert m is not None
     at = forbidden_char(tok, m, '{"days": ' + "1" * 17 + "}")
     assert at is not None and at <= len('{"days": ') + 16
+
+
+@pytest.mark.parametrize("bounds", [{}, {"minimum": 0.25, "maximum": 0.75}])
+def test_a_number_a_schema_leaves_unbounded_has_at_most_10_fraction_digits(
+        seat: SeatGrammar, tok: TokenizerWrapper, bounds: dict[str, float]) -> None:
+    """The fraction is bounded like the integer part, with or without the schema's own
+    range: ten digits pass, the eleventh is refused."""
+    schema = {"type": "object", "properties": {"p": {"type": "number", **bounds}},
+              "required": ["p"], "additionalProperties": False}
+    m = seat.for_request(gen(response_format=schema_format(schema)))
+    assert m is not None
+    assert forbidden_char(tok, m, '{"p": 0.5' + "1" * 9 + "}") is None
+    m = seat.for_request(gen(response_format=schema_format(schema)))
+    assert m is not None
+    at = forbidden_char(tok, m, '{"p": 0.5' + "1" * 12 + "}")
+    assert at is not None and at <= len('{"p": 0.') + 10

@@ -573,36 +573,55 @@ def test_json_object_with_a_schema_answers_under_that_schema(client: openai.Open
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_an_integer_the_schema_leaves_unbounded_stops_at_16_digits(
-        client: openai.OpenAI, stream: bool) -> None:
-    """A model pushed to write digits for ever (logit_bias on the demo's "1" and "11"
-    tokens) under a schema whose integer has no bound: the answer still parses, its
-    integer has 16 digits at most."""
+def test_numbers_the_schema_leaves_unbounded_stop_at_their_bounds(
+        up: Sanctum, client: openai.OpenAI, stream: bool) -> None:
+    """A model pushed to write digits for ever (logit_bias on the demo's "1", "11" and "."
+    tokens) under a schema whose integer and number have no bound: the answer still
+    parses, its integer has 16 digits at most and its number's fraction 10."""
+    import anthropic
+
     from shared.builtin import resolve_model
     from shared.prompt import load_tokenizer
 
     tok = load_tokenizer(resolve_model("builtin:demo"))
-    ones = {str(i): 100 for t in ("1", "11") for i in tok.encode(t, add_special_tokens=False)}
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
-              "additionalProperties": False}
+    push = {str(i): 100 for t in ("1", "11", ".") for i in tok.encode(t, add_special_tokens=False)}
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}, "x": {"type": "number"}},
+              "required": ["n", "x"], "additionalProperties": False}
     args: dict[str, Any] = dict(
-        model="demo", messages=[{"role": "user", "content": "A number."}], temperature=0,
-        max_tokens=40, logit_bias=ones,
+        model="demo", messages=[{"role": "user", "content": "Two numbers."}], temperature=0,
+        max_tokens=60, logit_bias=push,
         response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}})
     text = _chat_text(client, stream, args)
-    n = json.loads(text)["n"]
-    assert 10**15 <= abs(n) < 10**16, text  # pushed to the bound, and held there
-    # the same grammar behind the Responses door's text.format (its logit_bias: none,
-    # so only the bound's presence is checked: the answer parses, 16 digits at most)
+    answer = json.loads(text)
+    assert 10**15 <= abs(answer["n"]) < 10**16, text  # pushed to the bound, and held there
+    fraction = text.split('"x":')[1].split("}")[0].strip().partition(".")[2]
+    assert "." in text.split('"x":')[1] and 1 <= len(fraction) <= 10, text  # pushed, held
+    # the same grammar behind the Responses door's text.format and a forced tool call at
+    # /v1/messages (neither takes logit_bias, so only the bounds' presence is checked:
+    # each answer parses, its numbers within them)
     rargs: dict[str, Any] = dict(
-        model="demo", input="A number.", temperature=0, max_output_tokens=40,
+        model="demo", input="Two numbers.", temperature=0, max_output_tokens=60,
         text={"format": {"type": "json_schema", "name": "n", "schema": schema}})
     if stream:
         rtext = "".join(e.delta for e in client.responses.create(stream=True, **rargs)
                         if e.type == "response.output_text.delta")
     else:
         rtext = client.responses.create(**rargs).output_text
-    assert abs(json.loads(rtext)["n"]) < 10**16, rtext
+    claude = anthropic.Anthropic(base_url=up.url, api_key="x", max_retries=0, timeout=300)
+    margs: dict[str, Any] = dict(
+        model="demo", max_tokens=120, messages=[{"role": "user", "content": "Two numbers."}],
+        tools=[{"name": "put", "input_schema": schema}],
+        tool_choice={"type": "tool", "name": "put"}, extra_body={"temperature": 0})
+    if stream:
+        with claude.messages.stream(**margs) as s:
+            message = s.get_final_message()
+    else:
+        message = claude.messages.create(**margs)
+    inputs: list[Any] = [b.input for b in message.content if b.type == "tool_use"]
+    for got in (json.loads(rtext), *inputs):
+        assert abs(got["n"]) < 10**16 and abs(got["x"]) <= 1e16, got
+        assert round(got["x"], 10) == got["x"], got
+    assert inputs, message.content
 
 
 @pytest.mark.parametrize("stream", [False, True])
