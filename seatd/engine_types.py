@@ -105,8 +105,8 @@ class Resume:
 
     `cache` holds the prompt's first `start` tokens (a chunk boundary); None = cold.
     When prefill reaches `keep_at` (a chunk boundary), it calls `keep(cache)`.
-    Chunk boundaries are the multiples of PREFILL_CHUNK and, for caches that resume
-    only at an exact length, the `cuts` (turn boundaries, `seatd.turns`).
+    Chunk boundaries are the multiples of PREFILL_CHUNK and the `cuts` (turn
+    boundaries, `seatd.turns`).
     """
 
     cache: list[Any] | None = None

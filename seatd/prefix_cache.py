@@ -9,16 +9,19 @@ and counts out; the MLX cache objects it stores are opaque values here
     invalidate(entry)       an error may have touched it: drop it
 
 Rules:
-- A usable length is a multiple of `align` (the decode loop's prefill grid), so a
-  warm request computes the rest in exactly the chunks a cold one would.
-- A trimmable entry (attention KV) serves any aligned prefix of itself; a
+- A usable length is a chunk boundary of both computations: a multiple of `align`
+  (the decode loop's prefill grid), or a cut (a turn boundary, `seatd.turns`) of the
+  request and of the entry (or the entry's own length), so a warm request computes
+  the rest in exactly the chunks a cold one would.
+- A trimmable entry (attention KV) serves any such prefix of itself; a
   non-trimmable one (recurrent or hybrid state) serves only its exact length.
   What trimming would have given beyond that is counted `not_trimmable`.
 - Entries, plus the reservation of the request in flight, never exceed the budget;
   the least recently used entry goes first (`evicted`).  An entry larger than the
   whole budget is not inserted (`too_large`): it would evict everything else.
 - A trimmable entry whose tokens another trimmable entry extends is superseded,
-  not discarded: the longer one still serves its tokens.
+  not discarded, when the longer one also has a boundary at its length: the longer
+  one still serves its tokens.
 
 Discard reasons (counted in tokens): evicted, too_large, not_trimmable, invalidated.
 """
@@ -51,6 +54,11 @@ class Entry:
     trimmable: bool
     value: Any = None
     used: int = 0  # LRU clock
+    cuts: frozenset[int] = frozenset()  # its prefill's cuts off the grid, within it
+
+    def boundary(self, n: int, align: int) -> bool:
+        """Its prefill's chunks had a boundary after `n` tokens."""
+        return n % align == 0 or n in self.cuts or n == len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -94,9 +102,22 @@ class PrefixCache:
         self._clock += 1
         entry.used = self._clock
 
-    def lookup(self, namespace: str, tokens: tuple[int, ...], limit: int) -> Hit:
+    def _usable(self, e: Entry, common: int, cuts: tuple[int, ...]) -> int:
+        """The longest prefix of `e`, at most `common` tokens, where both its prefill
+        and the request's (cut at `cuts`, ascending) had a chunk boundary."""
+        best = self._down(common)
+        for c in reversed(cuts):
+            if c <= best:
+                break
+            if c <= common and e.boundary(c, self.align):
+                return c
+        return best
+
+    def lookup(self, namespace: str, tokens: tuple[int, ...], limit: int,
+               cuts: tuple[int, ...] = ()) -> Hit:
         """The entry to resume from and how many tokens of it; `limit` is the most a
-        request may resume from (its prompt less the token fed by the first step)."""
+        request may resume from (its prompt less the token fed by the first step);
+        `cuts`: the request's prefill cuts off the grid, ascending."""
         self.tally.lookups += 1
         best: Entry | None = None
         best_reuse = 0
@@ -105,12 +126,13 @@ class PrefixCache:
             if e.namespace != namespace:
                 continue
             common = min(common_prefix(e.tokens, tokens), limit, len(e.tokens))
-            shared = self._down(common)
+            shared = self._usable(e, common, cuts)
             could = max(could, shared)
             if e.trimmable:
                 reuse = shared
-            else:  # exact length only, aligned or at a turn boundary
-                reuse = len(e.tokens) if common == len(e.tokens) else 0
+            else:  # exact length only, where the request's prefill cuts too
+                n = len(e.tokens)
+                reuse = n if common == n and (n % self.align == 0 or n in cuts) else 0
                 could = max(could, reuse)
             if reuse > best_reuse or (reuse == best_reuse and reuse and best is not None
                                       and len(e.tokens) < len(best.tokens)):
@@ -140,8 +162,9 @@ class PrefixCache:
         self.reserved = 0
 
     def insert(self, namespace: str, tokens: tuple[int, ...], nbytes: int, trimmable: bool,
-               value: Any = None) -> Entry | None:
-        """Keep `tokens`' cache; returns the entry that now serves them, or None."""
+               value: Any = None, cuts: tuple[int, ...] = ()) -> Entry | None:
+        """Keep `tokens`' cache (its prefill cut at `cuts` off the grid); returns the
+        entry that now serves them, or None."""
         if not tokens:
             return None
         if nbytes > self.budget:
@@ -151,19 +174,22 @@ class PrefixCache:
             if e.namespace != namespace:
                 continue
             if e.tokens == tokens or (e.trimmable and trimmable and len(e.tokens) > len(tokens)
-                                      and e.tokens[: len(tokens)] == tokens):
+                                      and e.tokens[: len(tokens)] == tokens
+                                      and e.boundary(len(tokens), self.align)):
                 self._tick(e)  # already served by an equal or longer entry
                 return e
+        entry = Entry(namespace, tokens, nbytes, trimmable, value,
+                      cuts=frozenset(c for c in cuts if 0 < c < len(tokens)))
         if trimmable:
             self.entries = [e for e in self.entries
                             if not (e.namespace == namespace and e.trimmable
-                                    and tokens[: len(e.tokens)] == e.tokens)]
+                                    and tokens[: len(e.tokens)] == e.tokens
+                                    and entry.boundary(len(e.tokens), self.align))]
         self._evict_to(nbytes)
         if self.nbytes + self.reserved + nbytes > self.budget:
             # Only the reservation stands in the way: the request in flight comes first.
             self.tally.discard("evicted", len(tokens))
             return None
-        entry = Entry(namespace, tokens, nbytes, trimmable, value)
         self._tick(entry)
         self.entries.append(entry)
         return entry

@@ -6,12 +6,14 @@ Per request, on the MLX thread:
     decode(..., resume=plan.resume)                     prefill keeps a copy on the grid
     cache.finish(plan, ok)                              insert the copy, or invalidate
 
-What is stored is the KV of the prompt up to its last prefill-grid position
-(`PREFILL_CHUNK`): exactly what a cold request computes in the same chunks, so a
-warm answer equals a cold one byte for byte.  State that resumes only at its exact
-length (a hybrid model's recurrent layers) is kept at the prompt's last turn boundary
-instead, when that is later (`seatd.turns`): where the conversation's next turn will
-resume, with prefill cut there warm or cold.  Generated tokens are not stored:
+What is stored is the KV of the prompt up to its last chunk boundary: a prefill-grid
+position (`PREFILL_CHUNK`) or, when later, the prompt's last turn boundary
+(`seatd.turns`), where the conversation's next turn will resume.  Prefill cuts its
+chunks at every turn boundary, warm or cold, cache or none, so what is stored is
+exactly what a cold request computes in the same chunks, and a warm answer equals a
+cold one byte for byte: a second turn of a short chat resumes where its first turn's
+prompt opened the answer.  State that resumes only at its exact length (a hybrid
+model's recurrent layers) is reused only at that length.  Generated tokens are not stored:
 they were computed one step (or one verify block) at a time, which a later cold
 prefill would not reproduce bit for bit.  The drafter's cache is rebuilt from the
 prompt by `ModelDrafter.start`, so it is never wrong.
@@ -100,6 +102,7 @@ class Plan:
     tokens: tuple[int, ...] = ()
     trimmable: bool = True
     kept: list[Any] | None = None
+    cuts: tuple[int, ...] = ()  # the prompt's prefill cuts off the grid
 
 
 class SeatPromptCache:
@@ -124,22 +127,22 @@ class SeatPromptCache:
 
     def begin(self, request: Generate, kv: str, prompt: list[int], max_new: int,
               cuts: tuple[int, ...] = ()) -> Plan:
-        """`cuts`: the prompt's turn boundaries (`seatd.turns`); state that resumes only at
-        an exact length is also cut and kept there, at the last one prefill reaches.
+        """`cuts`: the prompt's turn boundaries (`seatd.turns`): prefill cuts its chunks
+        there, and keeps a copy at the last one it reaches when that is past the grid.
 
         A request that does not use the cache still has its prefill cut there, so its
         answer is the one a warm or cold request with the cache gets."""
         if len(prompt) < 2 or not (cuts or self.enabled(request)):
             return Plan()
-        _, can_trim = self._measure(kv)
-        cuts = () if can_trim else tuple(c for c in cuts if c <= len(prompt) - 1)
+        cuts = tuple(c for c in cuts if c <= len(prompt) - 1)
         if not self.enabled(request):
             return Plan(resume=Resume(cuts=cuts) if cuts else None)
+        _, can_trim = self._measure(kv)
         tokens = tuple(prompt)
         keep_at = (len(prompt) - 1) // PREFILL_CHUNK * PREFILL_CHUNK
         keep_at = max(keep_at, *cuts) if cuts else keep_at
-        plan = Plan(namespace=kv, tokens=tokens[:keep_at], trimmable=can_trim)
-        hit = self.policy.lookup(kv, tokens, len(prompt) - 1)
+        plan = Plan(namespace=kv, tokens=tokens[:keep_at], trimmable=can_trim, cuts=cuts)
+        hit = self.policy.lookup(kv, tokens, len(prompt) - 1, cuts)
         cache = None
         if hit.entry is not None:
             try:
@@ -169,7 +172,7 @@ class SeatPromptCache:
             if plan.kept is not None:
                 self.policy.insert(plan.namespace, plan.tokens,
                                    _nbytes([c.state for c in plan.kept]), plan.trimmable,
-                                   plan.kept)
+                                   plan.kept, plan.cuts)
         finally:
             plan.kept = None
 

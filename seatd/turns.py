@@ -1,11 +1,12 @@
 """Turn boundaries in a prompt: where a chat message starts.
 
-A hybrid model's recurrent state can only be resumed at the exact length it was saved
-at, so the prompt cache checkpoints it where the next turn of the same conversation
-will pass again: at the start of the last message of a prompt (with ChatML, the
-`<|im_start|>` of the generation prompt), which is the start of the assistant's answer
-in the next turn.  Prefill also cuts its chunks there, warm or cold, so a request
-resumed at a turn boundary computes the rest in exactly the chunks a cold one would.
+The prompt cache keeps a prompt where the next turn of the same conversation will pass
+again: at the start of the last message of a prompt (with ChatML, the `<|im_start|>` of
+the generation prompt), which is the start of the assistant's answer in the next turn.
+(A hybrid model's recurrent state can only be resumed at the exact length it was saved
+at; attention KV could be cut anywhere, but a short chat never reaches the prefill
+grid.)  Prefill cuts its chunks at every turn boundary, warm or cold, so a request
+resumed at one computes the rest in exactly the chunks a cold one would.
 """
 
 from __future__ import annotations

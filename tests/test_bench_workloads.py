@@ -114,3 +114,16 @@ def test_conversation_history_is_a_prefix_and_salts_alike() -> None:
     assert len("".join(c for _, c in w.messages)) <= 1000
     s = w.salted(3)
     assert s.messages[: len(s.history)] == s.history and s.history != w.history
+
+
+def test_a_short_chat_is_two_turns_under_its_token_count() -> None:
+    """The short-chat workload: its first turn is a prefix of the timed second turn, and
+    the whole chat stays within its tokens (here characters)."""
+    from sanctum.bench.comparisons import short_chat
+
+    files = [("a.py", "def a():\n    return 1\n" * 200)]
+    w = short_chat(files, len, 300)
+    assert w.history == w.messages[:1] and len(w.messages) == 3
+    assert 200 < w.prompt_tokens <= 300
+    s = w.salted(2)
+    assert s.messages[:1] == s.history and s.history != w.history

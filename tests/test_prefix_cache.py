@@ -132,10 +132,52 @@ def test_invalidation_drops_the_entry() -> None:
 
 def test_exact_length_entries_resume_off_the_grid() -> None:
     """A non-trimmable entry kept at a turn boundary (not a multiple of the alignment)
-    serves a prompt that extends it, at exactly its length, and nothing shorter."""
+    serves a prompt that extends it and cuts its prefill there too, at exactly its
+    length, and nothing shorter."""
     pc = PrefixCache(1_000_000, align=512)
     turn1 = tuple(range(1, 101))
     pc.insert("fp16", turn1, 10, False, "state@100")
-    hit = pc.lookup("fp16", (*turn1, 7, 8, 9), 102)
+    hit = pc.lookup("fp16", (*turn1, 7, 8, 9), 102, (100,))
     assert (hit.entry is not None, hit.reuse) == (True, 100)
-    assert pc.lookup("fp16", turn1[:60] + (5,) * 50, 109).reuse == 0
+    # a prompt whose prefill does not cut at 100 would compute it in other chunks
+    assert pc.lookup("fp16", (*turn1, 7, 8, 9), 102).reuse == 0
+    assert pc.lookup("fp16", turn1[:60] + (5,) * 50, 109, (60,)).reuse == 0
+
+
+# (entry length, its cuts, request common length, request cuts) -> reuse: align 512
+OFF_GRID = [
+    (300, (), 300, (300,), 300),             # kept at its last turn: the next turn resumes
+    (300, (), 300, (), 0),                   # the request does not cut there: cold
+    (300, (120,), 250, (120, 250), 120),     # shares 250, but only 120 is both's boundary
+    (300, (120,), 250, (250,), 0),           # 120 is not the request's boundary
+    (300, (120, 200), 290, (120, 200), 200),  # the latest shared cut
+    (700, (600,), 650, (600,), 600),         # a cut past the grid beats the grid's 512
+    (700, (550,), 650, (530,), 512),         # no shared cut past the grid: the grid
+]
+
+
+@pytest.mark.parametrize("n, entry_cuts, shared, cuts, reuse", OFF_GRID)
+def test_a_trimmable_entry_resumes_at_a_boundary_both_prefills_had(
+        n: int, entry_cuts: tuple[int, ...], shared: int, cuts: tuple[int, ...],
+        reuse: int) -> None:
+    """Off the grid, a trimmable entry serves a request at a turn boundary where both
+    prefills cut their chunks (or at the entry's own length), so the rest is computed
+    in the chunks a cold request uses."""
+    pc = PrefixCache(10**9, align=512)
+    pc.insert("fp16", toks(n), 10, True, None, entry_cuts)
+    request = toks(shared) + (99_999,) * 10
+    assert pc.lookup("fp16", request, len(request) - 1, cuts).reuse == reuse
+
+
+def test_a_longer_entry_supersedes_a_shorter_only_where_it_has_that_boundary() -> None:
+    """A turn-boundary entry is dropped for one that extends it only when the longer
+    prefill also cut there; otherwise both stay, each serving its own boundaries."""
+    pc = PrefixCache(10**9, align=512)
+    short = pc.insert("fp16", toks(100), 10, True, None, ())
+    pc.insert("fp16", toks(300), 10, True, None, (100,))  # cut at 100: supersedes
+    assert short not in pc.entries and len(pc.entries) == 1
+    other = PrefixCache(10**9, align=512)
+    short = other.insert("fp16", toks(100), 10, True, None, ())
+    other.insert("fp16", toks(300), 10, True, None, (150,))  # no boundary at 100
+    assert short in other.entries and len(other.entries) == 2
+    assert other.lookup("fp16", toks(100) + (7,) * 5, 104, (100,)).reuse == 100

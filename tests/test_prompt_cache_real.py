@@ -130,8 +130,11 @@ def test_conversation_reuses_the_previous_turn(pair) -> None:
     assert result is not None and result.text == cold.text
     opted_out = _run(pair, cache, prompt, "fp16", 0.7, True, use_cache=False)
     assert opted_out.cached_tokens == 0 and opted_out.text == cold.text
-    # A KV cache resumes anywhere: an opted-out request prefills on the grid alone.
-    assert _opted_out_plan(cache, prompt, (5, 40)).resume is None
+    # An opted-out request prefills in the chunks a warm or cold one does: cut at its
+    # turn boundaries too, with no cache to resume from and nothing kept.
+    plan = _opted_out_plan(cache, prompt, (5, 40))
+    assert plan.resume is not None and plan.resume.cache is None
+    assert plan.resume.cuts == (5, 40) and plan.kept is None
 
 
 def _opted_out_plan(cache: SeatPromptCache, prompt: list[int],
@@ -244,15 +247,25 @@ def test_hybrid_chat_resumes_at_turn_boundaries(pair, hybrid_model) -> None:
     """A short chat on the hybrid demo (every prompt under one prefill chunk): each turn
     resumes exactly where the previous turn's prompt opened the assistant's message, and,
     speculating, answers exactly as a cold request does."""
-    from seatd.turns import turn_cuts, turn_marks
-
     _, drafter, _, _ = pair
     loaded = hybrid_model
-    tok = loaded.tokenizer
-    hybrid = (loaded.model, drafter, tok, [])
+    _short_chat_resumes_at_turn_boundaries((loaded.model, drafter, loaded.tokenizer, []))
+
+
+def test_a_short_chat_resumes_at_turn_boundaries(pair) -> None:
+    """The same on the attention demo, whose KV could be cut anywhere: a chat that never
+    reaches the prefill grid still resumes each turn where the last one opened the
+    answer (it reused nothing when reuse was on the grid alone)."""
+    _short_chat_resumes_at_turn_boundaries(pair)
+
+
+def _short_chat_resumes_at_turn_boundaries(hybrid: Any) -> None:
+    from seatd.turns import turn_cuts, turn_marks
+
+    model, _, tok, _ = hybrid
     marks = turn_marks(tok)
     assert marks
-    cache = SeatPromptCache(_seat(), loaded.model)
+    cache = SeatPromptCache(_seat(), model)
     messages: list[dict[str, str]] = []
     asks = ["Write a function that adds two numbers.", "Now make it add three.",
             "Add a docstring to it."]
@@ -264,7 +277,7 @@ def test_hybrid_chat_resumes_at_turn_boundaries(pair, hybrid_model) -> None:
         cuts = turn_cuts(prompt, marks)
         for temp in (0.0, 0.7):
             warm = _run(hybrid, cache, prompt, "fp16", temp, True, cuts=cuts)
-            cold = _run(hybrid, SeatPromptCache(_seat(), loaded.model), prompt, "fp16", temp,
+            cold = _run(hybrid, SeatPromptCache(_seat(), model), prompt, "fp16", temp,
                         True, cuts=cuts)
             assert (warm.text, warm.completion_tokens) == (cold.text, cold.completion_tokens)
             if temp == 0.0:

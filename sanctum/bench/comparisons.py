@@ -5,7 +5,7 @@ stops everything, and returns a `Run` (stored as JSON, rendered by report.py).
     mlx-server our stack  vs  mlx_lm.server, same model (and drafter), temperature 0 and 0.7
     proxy      proxy in front of a null seat  vs  the null seat over ZeroMQ directly
     spec       speculative  vs  plain decoding on our own seat
-    cache      prompt cache on  vs  off, for turn N of a conversation
+    cache      prompt cache on  vs  off, for the last turn of a long and a short chat
     rollback   verify rounds on a hybrid model, recorded and rolled back  vs  unrecorded
     rules      keyed  vs  rejection sampling  vs  plain on one seat (sanctum.bench.rules)
     batching   concurrent clients on our seat  vs  mlx_lm.server batching, 1 to 16 clients,
@@ -296,12 +296,28 @@ def conversation(files: list[tuple[str, str]], count: Callable[[str], int],
                     "chat", messages=messages, prompt_tokens=tokens, history=history)
 
 
+def short_chat(files: list[tuple[str, str]], count: Callable[[str], int],
+               tokens: int = 300) -> Workload:
+    """A household's short chat: the second turn of a conversation of about `tokens`
+    tokens, far under one prefill chunk (its first turn sent first).  Pure."""
+    text = "\n\n".join(t for _, t in files)[: 8 * tokens]
+    ask = "Now suggest better names, as a list."
+    while count(f"Review this code:\n\n{text}") + count(ask) + 40 > tokens:
+        text = text[: int(len(text) * 0.9)]
+    first = ("user", f"Review this code:\n\n{text}")
+    messages = (first, ("assistant", "It reads fine; a few names could be clearer."),
+                ("user", ask))
+    return Workload("turn-2", f"the second turn of a {tokens}-token chat (its first turn "
+                    "sent first)", "chat", messages=messages,
+                    prompt_tokens=count("".join(c for _, c in messages)), history=(first,))
+
+
 def cache(opts: Options) -> Run:
     from mlx_lm.utils import load_tokenizer
 
     from shared.config import SeatConfig
 
-    title = "Prompt cache on against off, turn N of a conversation"
+    title = "Prompt cache on against off, the last turn of a long and of a short chat"
     if "prompt_cache_mb" not in SeatConfig.__struct_fields__:
         return not_measurable("cache", title, "seats have no prompt-cache option yet",
                                opts.model)
@@ -309,8 +325,12 @@ def cache(opts: Options) -> Run:
     tokenizer = load_tokenizer(path)  # type: ignore[no-untyped-call]  # mlx-lm is untyped
     cap = seat_cap(2048, opts.tokens)
     source, files = heldout_files()
-    convo = conversation(files, lambda s: len(tokenizer.encode(s)), cap)
-    by_name = {convo.name: convo}
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text))
+
+    convos = [conversation(files, count, cap), short_chat(files, count)]
+    by_name = {c.name: c for c in convos}
     port = servers.free_port()
     config = servers.sanctum_config(port, [
         ("cached", str(path), cap + 64, "prompt_cache_mb = 512\n"),
@@ -320,7 +340,7 @@ def cache(opts: Options) -> Run:
                              A.OpenAIArm(url, "cached", 0.0, opts.tokens, by_name)),
                 "cache off": ("same seat, prompt_cache_mb = 0",
                               A.OpenAIArm(url, "cold", 0.0, opts.tokens, by_name))}
-        return interleaved(opts, "cache", title, "cache off", arms, [convo], opts.model,
+        return interleaved(opts, "cache", title, "cache off", arms, convos, opts.model,
                     [f"Conversation built from {source}.",
                      "Each request first sends the earlier turns (untimed, 1 token), then "
                      "times the last turn; every request salts its first message, so only "
