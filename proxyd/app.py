@@ -282,10 +282,6 @@ async def counters(request: web.Request) -> web.Response:
     snapshot = proxy.counters.snapshot()
     snapshot["circuits"] = {n: b.circuit.value for n, b in proxy.breakers.items()}
     seats = await proxy.seat_counters()
-    for name, totals in (await proxy.supervisor_totals()).items():
-        seat = seats.get(name)
-        if seat is not None:
-            seat.update(totals)
     hosted = {n: {"served": c.served} for n, c in proxy.clients.items()
               if isinstance(c, HostedClient)}
     return json_response({"proxy": snapshot, "seats": seats, "hosted": hosted})
@@ -298,7 +294,13 @@ async def metrics(request: web.Request) -> web.Response:
                    "kv_budget_bytes": c.pong.kv_budget_bytes,
                    "memory_budget_bytes": c.pong.memory_budget_bytes}
             for name, c in proxy.clients.items() if isinstance(c, SeatClient) and c.pong}
-    body = render_metrics(proxy.counters, await proxy.seat_counters(), live)
+    now = proxy.clock()
+    states = {name: c.state.value for name, c in proxy.clients.items()
+              if isinstance(c, SeatClient)}
+    for name, c in proxy.clients.items():
+        if isinstance(c, SeatClient) and c.on_demand and c.state.value == "ready":
+            live.setdefault(name, {})["idle_seconds"] = int(now - c.last_used) if c.idle else 0
+    body = render_metrics(proxy.counters, await proxy.seat_counters(), live, states)
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 

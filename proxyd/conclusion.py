@@ -16,6 +16,8 @@ that applies names the error:
        every other was busy, loading or skipped                        (Retry-After)
     5. some rung was loading (`not_ready`, and in `loading`, the      503 loading
        rungs still loading now), and every other loading or skipped    (Retry-After)
+    5b. some on-demand seat could not load for lack of room (skipped 503 no_room, seatd's
+       `no_room`), and every other was skipped, busy or loading      message (Retry-After)
     6. off-box rungs were filtered out of this private request        503 no_private_seat
     7. otherwise                                                      503 all_rungs_failed
 
@@ -50,6 +52,7 @@ from shared.errors import (
     BadRequest,
     Loading,
     NoPrivateSeat,
+    NoRoom,
     Overloaded,
     PromptTooLong,
     SanctumError,
@@ -126,6 +129,10 @@ def conclude(attempts: Sequence[Attempt], plan: Plan, route: str,
             for s, o in attempts):
         return Conclusion(Overloaded(f"every seat of route {route!r} is busy; retry shortly",
                                      attempts=header), "overloaded")
+    rooms = [o.detail for _, o in attempts if isinstance(o, Skipped) and o.reason == "no_room"]
+    if rooms and all(_passed_over(o) or is_busy(o) or _loading(s, o, loading)
+                     for s, o in attempts):
+        return Conclusion(NoRoom(f"route {route!r}: {rooms[0]}", attempts=header))
     waiting = [s for s, o in attempts if _loading(s, o, loading)]
     if waiting and all(_passed_over(o) or _loading(s, o, loading)
                        for s, o in attempts):

@@ -49,10 +49,14 @@ LABELLED: dict[str, tuple[str, ...]] = {
     # refusal's, or `midstream` for a begun stream that ended with an error event)
     "door_requests": ("door",),
     "door_errors": ("door", "type"),
+    # on-demand seats the proxy woke for a request, and those seatd found no room for
+    # (proxyd/on_demand.py; seatd counts loads, their time and sleeps by reason)
+    "wakes": ("seat",),
+    "no_room": ("seat",),
 }
 # Labelled counters shown in /counters as {label: count}.
 ONE_LABEL = ("answered_by", "fallbacks", "auth_failures", "rate_limited", "input_refused",
-             "load_waits", "ignored_fields", "door_requests")
+             "load_waits", "ignored_fields", "door_requests", "wakes", "no_room")
 MAX_IGNORED_LABELS = 256
 OTHER_FIELD = "_other"
 
@@ -111,15 +115,18 @@ class ProxyCounters:
 # Seat values that are a state now, not a total: rendered as gauges.
 SEAT_GAUGES = ("prompt_cache_entries", "prompt_cache_bytes", "rows_active", "rows_queued",
                "kv_bytes", "incarnation", "loaded_bytes", "kv_budget_bytes",
-               "memory_budget_bytes")
+               "memory_budget_bytes", "idle_seconds")
+# A local seat's states (proxyd/seat_state.py), one gauge each: 1 for the one it is in.
+SEAT_STATES = ("ready", "loading", "down", "sleeping")
 
 
 class _Snapshot(Collector):
     def __init__(self, proxy: ProxyCounters, seats: Mapping[str, Mapping[str, Any] | None],
-                 live: Mapping[str, Mapping[str, int]]) -> None:
+                 live: Mapping[str, Mapping[str, int]], states: Mapping[str, str]) -> None:
         self.proxy = proxy
         self.seats = seats
         self.live = live
+        self.states = states
 
     def collect(self) -> Iterator[Metric]:
         for name, value in self.proxy.plain.items():
@@ -165,13 +172,21 @@ class _Snapshot(Collector):
                         if isinstance(v, int):
                             fam.add_metric([seat, str(label)], v)
         yield up
+        if self.states:
+            fam_s = GaugeMetricFamily("sanctum_seat_state", "seat state now (1: in it)",
+                                      labels=["seat", "state"])
+            for name, now in self.states.items():
+                for kind in SEAT_STATES:
+                    fam_s.add_metric([name, kind], 1 if now == kind else 0)
+            yield fam_s
         yield from gauges.values()
         yield from plain.values()
         yield from labelled.values()
 
 
 def render_metrics(proxy: ProxyCounters, seats: Mapping[str, Mapping[str, Any] | None],
-                   live: Mapping[str, Mapping[str, int]] | None = None) -> bytes:
+                   live: Mapping[str, Mapping[str, int]] | None = None,
+                   states: Mapping[str, str] | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(proxy, seats, live or {}))
+    registry.register(_Snapshot(proxy, seats, live or {}, states or {}))
     return generate_latest(registry)

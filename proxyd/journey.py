@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 import msgspec
 import structlog
 
+from proxyd import on_demand
 from proxyd.conclusion import conclude
 from proxyd.events import Abort, Answer, Commit, Done, Event, Text
 from proxyd.ladder import (
@@ -67,6 +68,7 @@ from proxyd.load_wait import Waited, must_wait, wait_for_rung
 from proxyd.proxy import Proxy
 from proxyd.readiness import rung_states
 from proxyd.replay import DIVERGED, Replay
+from proxyd.seat_client import SeatClient
 from proxyd.seat_state import SeatState
 from shared.caps import Verdict
 from shared.config import RouteConfig
@@ -350,6 +352,10 @@ class Journey:
             # family than the rung that began the answer): it cannot continue it.
             self.record(name, Skipped(TEMPLATE_REFUSED))
             return None
+        if verdict.admitted and isinstance(client, SeatClient) and client.on_demand:
+            woke = await self.wake(name, client)
+            if woke is not None:
+                return woke if woke is Waited.GONE else None
         if verdict.admitted and not self.committed and client.state is SeatState.LOADING:
             waited = await self.wait_for_load(self.plan.rungs[i:])
             if waited is Waited.GONE:
@@ -471,6 +477,28 @@ class Journey:
         if end.refused_tokens is not None:
             counters.refused(end.refused_tokens)
         raise end.error
+
+    async def wake(self, name: str, client: SeatClient) -> Waited | Skipped | None:
+        """An on-demand seat (proxyd/on_demand.py): wait out a hold (seatd deciding
+        whether it sleeps to make room for another), and wake it if it sleeps; the
+        request then waits for it like for a loading seat, whatever rungs come after
+        (it asked for this model).  None: go on with it; a Skipped (recorded): no room
+        for it, or it sleeps and the answer has begun; Waited.GONE: the client left."""
+        while client.held is not None:
+            await client.held.wait()
+        if client.state is not SeatState.SLEEPING:
+            return None
+        if self.committed:  # a begun answer does not wait for a load
+            skip = Skipped("sleeping")
+            self.record(name, skip)
+            return skip
+        why = await on_demand.wake(self.proxy, name)
+        if why is not None:
+            skip = Skipped("no_room", detail=why)
+            self.record(name, skip)
+            return skip
+        waited = await self.wait_for_load((name,))
+        return Waited.GONE if waited is Waited.GONE else None
 
     async def wait_for_load(self, rungs: tuple[str, ...]) -> Waited | None:
         """Wait, if none of `rungs` (this one and those after it) is ready and some is

@@ -88,6 +88,8 @@ class Skipped:
     verdict: Verdict | None = None
     # unsupported_field: the request's field this rung cannot honour
     field: str | None = None
+    # no_room: why seatd could not load this on-demand seat (the budget, what holds it)
+    detail: str = ""
 
 
 # The skip of a rung that cannot honour a field of the request (`unsupported`).  A

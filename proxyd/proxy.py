@@ -30,7 +30,14 @@ from shared import clock as clocks
 from shared import curve
 from shared.clock import Clock
 from shared.config import Config, SeatConfig, control_endpoint, worker_endpoint
-from shared.protocol import GetCounters, Outcome, control_reply_decoder, encode
+from shared.protocol import (
+    Control,
+    ControlReply,
+    GetCounters,
+    Outcome,
+    control_reply_decoder,
+    encode,
+)
 from shared.protocol import SeatCounters as SeatCountersReply
 
 log = structlog.get_logger()
@@ -56,6 +63,7 @@ class Proxy:
         self.rate_windows: dict[str, tuple[float, ...]] = {}
         # Hosted rungs that answered an assistant prefill with a 400, until a restart.
         self.prefill_refused: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
 
     def takes_prefill(self, name: str) -> bool:
         """Whether a continuation is asked of rung `name` with an assistant prefill (else
@@ -79,10 +87,16 @@ class Proxy:
             client = SeatClient(seat.name, worker_endpoint(self.config, seat.name), self.ctx,
                                 p.heartbeat_s, p.liveness, seat.queue_timeout_s, self.clock,
                                 curve.client_keys(self.config, seat, proxy=True))
+            if seat.on_demand:  # asleep until a request wakes it (proxyd/on_demand.py)
+                client.on_demand = client.sleeping = True
             client.start()
             self.clients[seat.name] = client
         for seat in hosted_seats(self.config):
             self.clients[seat.name] = HostedClient(seat)
+        if any(s.on_demand for s in self.config.local_seats):
+            from proxyd.on_demand import keep_alive_loop
+
+            self._tasks.append(asyncio.create_task(keep_alive_loop(self)))
 
     def admit(self, name: str) -> tuple[bool, bool]:
         """(may this attempt go to the rung, is it the half-open rung's one probe)."""
@@ -102,38 +116,58 @@ class Proxy:
                                              self.clock(), self.breaker_policy)
 
     async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.admission.stop()
         await asyncio.gather(*(c.close() for c in self.clients.values()))
         if self.ctx is not None:
             self.ctx.term()
 
-    async def supervisor_totals(self) -> dict[str, dict[str, Any]]:
-        """Restart totals that seatd owns (restarts, memory_restarts); {} if it is away."""
+    async def control(self, message: Control, timeout_s: float = 5.0) -> ControlReply | None:
+        """One message to seatd's control socket and its answer; None if it is away."""
         assert self.ctx is not None
         endpoint = control_endpoint(self.config)
         if endpoint.startswith("ipc://") and not Path(endpoint[6:]).exists():
-            return {}  # seatd is not running: no need to wait a second to learn it
+            return None  # seatd is not running: no need to wait to learn it
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(endpoint)
         try:
-            await sock.send_multipart([b"", encode(GetCounters())])
-            frames = await asyncio.wait_for(sock.recv_multipart(), 1.0)
-            reply = control_reply_decoder.decode(frames[-1])
+            await sock.send_multipart([b"", encode(message)])
+            frames = await asyncio.wait_for(sock.recv_multipart(), timeout_s)
+            reply: ControlReply = control_reply_decoder.decode(frames[-1])
         except (TimeoutError, zmq.ZMQError, ValueError):
-            return {}
+            return None
         finally:
             sock.close(linger=0)
+        return reply
+
+    async def supervisor_totals(self) -> dict[str, dict[str, Any]]:
+        """What seatd owns of each seat's counters (restarts, memory_restarts, loads,
+        load_ms, sleeps by reason); {} if it is away."""
+        reply = await self.control(GetCounters(), 1.0)
         if not isinstance(reply, SeatCountersReply):
             return {}
-        return {name: {k: v for k, v in c.items() if k in ("restarts", "memory_restarts")}
+        owned = ("restarts", "memory_restarts", "loads", "load_ms", "sleeps")
+        return {name: {k: v for k, v in c.items() if k in owned}
                 for name, c in reply.seats.items()}
 
     async def seat_counters(self) -> dict[str, dict[str, Any] | None]:
+        """Each local seat's own counters (None: it did not answer), with what seatd
+        owns of them; a sleeping seat's are seatd's alone."""
         local = {n: c for n, c in self.clients.items() if isinstance(c, SeatClient)}
         names = list(local)
-        got = await asyncio.gather(*(local[n].counters() for n in names))
-        return dict(zip(names, got, strict=True))
+        got, totals = await asyncio.gather(
+            asyncio.gather(*(local[n].counters() for n in names)), self.supervisor_totals())
+        seats = dict(zip(names, got, strict=True))
+        for name, owned in totals.items():
+            seat = seats.get(name)
+            if seat is not None:
+                seat.update(owned)
+            elif name in seats and local[name].sleeping:
+                seats[name] = {**owned, "sleeping": True}
+        return seats
 
 
 def hosted_seats(config: Config) -> list[SeatConfig]:

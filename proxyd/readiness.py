@@ -2,7 +2,8 @@
 
 `/health` is 200 only when every route has a ready rung (one that a request
 without the off-box opt-in header may use: proxyd/seat_state.py says what ready,
-loading and down mean); otherwise 503, with the same body:
+loading and down mean; a sleeping on-demand seat counts as ready, since a request
+wakes it); otherwise 503, with the same body:
 
     {"status": "ok" | "loading" | "down",
      "routes": {model: {"state": ..., "rungs": {seat: state}}},
@@ -79,7 +80,13 @@ async def health(request: web.Request) -> web.Response:
                        "loaded_bytes": pong.loaded_bytes if pong else 0,
                        "kv_budget_bytes": pong.kv_budget_bytes if pong else 0,
                        "memory_budget_bytes": pong.memory_budget_bytes if pong else 0,
-                       "waiting": c.waiting}
+                       "waiting": c.waiting,
+                       # an on-demand seat: loaded or sleeping (proxyd/on_demand.py), and
+                       # its seconds idle while loaded (None: busy, or not loaded)
+                       "load": proxy.seats[name].load,
+                       "idle_s": (round(proxy.clock() - c.last_used, 1)
+                                  if c.on_demand and c.idle and c.state is SeatState.READY
+                                  else None)}
     routes = routes_body(proxy)
     states = {r["state"] for r in routes.values()}
     if states <= {SeatState.READY.value}:

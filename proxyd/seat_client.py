@@ -139,6 +139,15 @@ class SeatClient:
         self.started_at: float | None = None  # when this client began watching its seat
         self.was_ready = False  # some pong since then said ready
         self.waiting = 0  # requests waiting for this seat to be ready (proxyd/load_wait.py)
+        # An on-demand seat (proxyd/on_demand.py): asleep until woken; what it last did;
+        # the keep-alive its last request asked for; a hold while seatd decides whether
+        # it sleeps to make room for another (nothing is sent to it meanwhile).
+        self.on_demand = False
+        self.sleeping = False
+        self._slept_incarnation: int | None = None
+        self.last_used = clock()
+        self.keep_alive: float | None = None
+        self.held: asyncio.Event | None = None
         self._pong_waiters: list[asyncio.Future[None]] = []
         self.bad_frames = 0
         self._pending: dict[str, Inbox] = {}
@@ -157,11 +166,31 @@ class SeatClient:
 
     @property
     def state(self) -> SeatState:
-        """Ready, loading or down (proxyd/seat_state.py)."""
+        """Ready, loading, down or sleeping (proxyd/seat_state.py)."""
         started = self.started_at if self.started_at is not None else self.clock()
         return seat_state(SeatFacts(self.alive, bool(self.pong and self.pong.ready),
                                     self.pong is not None, self.was_ready,
-                                    self.clock() - started))
+                                    self.clock() - started, self.sleeping))
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight, nothing waiting for it, no hold."""
+        return not self._pending and self.waiting == 0 and self.held is None
+
+    def put_to_sleep(self) -> None:
+        """Seatd was asked to put it to sleep: nothing more is sent to this worker."""
+        self.sleeping = True
+        self._slept_incarnation = self.pong.incarnation if self.pong is not None else None
+
+    def woken(self) -> None:
+        """Seatd loads it: it is loading, as at start, until a new worker says ready;
+        the old worker's last pongs (it may still be draining) are not heard."""
+        self.sleeping = False
+        self.pong = None
+        self.heard_at = 0.0
+        self.was_ready = False
+        self.started_at = self.clock()
+        self.last_used = self.clock()
 
     def next_pong(self) -> asyncio.Future[None]:
         """A future done when the next pong arrives (readiness changes only then, or
@@ -247,9 +276,14 @@ class SeatClient:
             log.warning("bad_frame_from_seat", seat=self.name, reason=reply.reason,
                         error=reply.error)
             return
+        if type(reply) is Pong and self._slept_incarnation is not None \
+                and reply.incarnation == self._slept_incarnation:
+            return  # the worker put to sleep, draining: not this seat's state any more
         self.heard_at = self.clock()
         match reply:
             case Pong():
+                if self.sleeping:  # a worker of its own (`sanctum restart` woke it)
+                    self.sleeping = False
                 old = self.pong
                 self.pong = reply
                 self.was_ready = self.was_ready or reply.ready
@@ -340,6 +374,8 @@ class SeatClient:
                 return
         finally:
             self._pending.pop(rid, None)
+            self.last_used = self.clock()
+            self.keep_alive = request.keep_alive_s  # the last request's, or the seat's
             if not finished:
                 self._send(protocol.Cancel(rid))
 

@@ -6,6 +6,8 @@
 
 A local seat is
 
+    sleeping  an on-demand seat with no worker, by choice (it loads on a request:
+              proxyd/on_demand.py); checked first
     ready     alive, and its last pong says ready
     loading   alive and not ready, and never ready since the proxy started (its model
               loads); or not heard from at all yet, within `spawn_grace_s` of the proxy's
@@ -15,8 +17,9 @@ A local seat is
               after the grace is not coming
 
 A hosted rung is ready unless its circuit refuses it; so is a local rung whose seat
-is ready.  A route is ready when some rung it may use is, loading when none is
-ready and some is loading (a request waits: proxyd/load_wait.py), else down.
+is ready.  A route is ready when some rung it may use is ready or sleeping (a
+sleeping seat answers once woken: nothing failed), loading when none is and some is
+loading (a request waits: proxyd/load_wait.py), else down.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class SeatState(StrEnum):
     READY = "ready"
     LOADING = "loading"
     DOWN = "down"
+    SLEEPING = "sleeping"
 
 
 @dataclass(frozen=True)
@@ -46,9 +50,12 @@ class SeatFacts:
     heard: bool  # some pong came since the proxy started
     was_ready: bool  # some pong since the proxy started said ready
     since_start_s: float  # how long the proxy has been watching it
+    asleep: bool = False  # an on-demand seat put to sleep, or never loaded yet
 
 
 def seat_state(f: SeatFacts, spawn_grace_s: float = SPAWN_GRACE_S) -> SeatState:
+    if f.asleep:
+        return SeatState.SLEEPING
     if f.alive and f.says_ready:
         return SeatState.READY
     if f.was_ready:
@@ -71,6 +78,8 @@ def rung_state(seat: SeatState | None, admits: bool) -> SeatState:
 def route_state(rungs: Iterable[SeatState]) -> SeatState:
     """The best state among a route's usable rungs (none: down)."""
     seen = set(rungs)
+    if SeatState.SLEEPING in seen:
+        seen.add(SeatState.READY)
     for state in (SeatState.READY, SeatState.LOADING):
         if state in seen:
             return state

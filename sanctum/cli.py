@@ -275,13 +275,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(msgspec.to_builtins(reply), indent=2))
         return 0
-    print(f"{'seat':<16}{'state':<10}{'pid':>8}{'rss MB':>9}{'uptime':>9}{'restarts':>9}"
-          f"{'incarn.':>8}  {'last exit':<12}device")
+    print(f"{'seat':<16}{'state':<10}{'load':<10}{'pid':>8}{'est. MB':>9}{'rss MB':>9}"
+          f"{'uptime':>9}{'idle':>8}{'restarts':>9}{'incarn.':>8}  {'last exit':<12}device")
     for s in reply.seats:
         rss = f"{s.rss_bytes / 2**20:.0f}" if s.rss_bytes else "-"
+        est = f"{s.estimated_bytes / 2**20:.0f}" if s.estimated_bytes else "-"
         up = f"{s.uptime_s:.0f}s" if s.uptime_s is not None else "-"
-        print(f"{s.name:<16}{s.state:<10}{s.pid or '-':>8}{rss:>9}{up:>9}{s.restarts:>9}"
-              f"{s.incarnation:>8}  {s.last_exit or '-':<12}{s.device or '-'}")
+        idle = f"{s.idle_s:.0f}s" if s.idle_s is not None else "-"
+        load = "demand" if s.load == "on_demand" else s.load
+        print(f"{s.name:<16}{s.state:<10}{load:<10}{s.pid or '-':>8}{est:>9}{rss:>9}{up:>9}"
+              f"{idle:>8}{s.restarts:>9}{s.incarnation:>8}  {s.last_exit or '-':<12}"
+              f"{s.device or '-'}")
+    budget = f"memory budget {reply.memory_budget_bytes / 2**20:.0f} MB"
+    print(budget + (f", at most {reply.max_loaded} loaded" if reply.max_loaded else ""))
     return 0
 
 
@@ -352,8 +358,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     config = _load(args)
     report = check_path(config)
     _check_keys(config, report)
+    lines, errors = _check_room(config)
+    report.errors.extend(errors)
     print(render(report))
+    if lines:
+        print("\n".join(lines))
     return 1 if report.errors or report.fatal else 0
+
+
+def _check_room(config: Config) -> tuple[list[str], list[str]]:
+    """Each local seat's estimated size against seatd's memory budget (seatd/room.py)."""
+    if not config.supervised_seats:
+        return [], []
+    from seatd import room
+
+    return room.check(config, room.physical_memory())
 
 
 def _check_keys(config: Config, report: Report) -> None:

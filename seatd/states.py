@@ -16,8 +16,12 @@ events into calls and actions into effects.
     READY/BUSY --over memory budget--> STOPPING (drain) --exit--> STARTING (recycled)
     any alive --stop--> STOPPING (drain) --exit--> STOPPED
     STOPPING --drain deadline passed--> kill
+    any alive --sleep (on-demand)--> STOPPING (drain) --exit--> SLEEPING
+    SLEEPING --wake (a request, a restart)--> STARTING   (not a restart, not a crash)
 
 READY means the model is loaded and the worker answered a heartbeat saying so.
+SLEEPING is an on-demand seat with no worker process, by choice (`seatd.room`): it
+starts there, and a wake asked for while it drains to sleep spawns it again after.
 A memory recycle is counted in the crash window too: a seat whose model alone
 is over its budget would otherwise restart forever.
 """
@@ -37,6 +41,7 @@ class State(StrEnum):
     FATAL = "FATAL"
     STOPPING = "STOPPING"
     STOPPED = "STOPPED"
+    SLEEPING = "SLEEPING"
 
 
 ALIVE = (State.STARTING, State.READY, State.BUSY)
@@ -113,7 +118,20 @@ class StopRequested:
     pass
 
 
-Event = Spawned | Heard | Lost | Exited | OverBudget | Tick | RestartRequested | StopRequested
+@dataclass(frozen=True)
+class SleepRequested:
+    """Put an on-demand seat to sleep: `reason` is idle, room or request."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class WakeRequested:
+    pass
+
+
+Event = (Spawned | Heard | Lost | Exited | OverBudget | Tick | RestartRequested | StopRequested
+         | SleepRequested | WakeRequested)
 
 # -- actions --------------------------------------------------------------
 
@@ -152,6 +170,9 @@ class SeatState:
     # worker follows (a memory recycle) or the seat stays down (a stop).
     stop_deadline: float | None = None
     recycle: str | None = None
+    # STOPPING to sleep: why; and whether a wake came meanwhile (spawn after the exit).
+    sleep: str | None = None
+    wake: bool = False
 
 
 def backoff_delay(crashes_in_window: int, policy: Policy,
@@ -196,6 +217,10 @@ def _respawn(seat: SeatState) -> tuple[SeatState, list[Action]]:
 
 def _stopping_exited(seat: SeatState, reason: str, now: float,
                      policy: Policy) -> tuple[SeatState, list[Action]]:
+    if seat.sleep is not None:
+        asleep = replace(seat, state=State.SLEEPING, pid=None, stop_deadline=None, sleep=None,
+                         wake=False)
+        return _woken(asleep) if seat.wake else (asleep, [])
     if seat.recycle is None:
         return replace(seat, state=State.STOPPED, pid=None, last_exit=reason,
                        stop_deadline=None), []
@@ -207,6 +232,11 @@ def _stopping_exited(seat: SeatState, reason: str, now: float,
     return _respawn(replace(seat, pid=None, crashes=crashes, last_exit=why))
 
 
+def _woken(seat: SeatState) -> tuple[SeatState, list[Action]]:
+    return replace(seat, state=State.STARTING, retry_at=None, stop_deadline=None,
+                   recycle=None, sleep=None, wake=False), [Spawn()]
+
+
 def _stop_requested(seat: SeatState, now: float, policy: Policy
                     ) -> tuple[SeatState, list[Action]]:
     s = seat.state
@@ -214,10 +244,31 @@ def _stop_requested(seat: SeatState, now: float, policy: Policy
         return replace(seat, state=State.STOPPING,
                        stop_deadline=now + policy.stop_deadline_s), [Terminate()]
     if s == State.STOPPING:
-        # A recycle in progress becomes a plain stop: nothing follows it.
-        return replace(seat, recycle=None), []
-    if s in (State.BACKOFF, State.FATAL):
+        # A recycle or a sleep in progress becomes a plain stop: nothing follows it.
+        return replace(seat, recycle=None, sleep=None, wake=False), []
+    if s in (State.BACKOFF, State.FATAL, State.SLEEPING):
         return replace(seat, state=State.STOPPED, retry_at=None), []
+    return seat, []
+
+
+def _sleep_requested(seat: SeatState, reason: str, now: float, policy: Policy
+                     ) -> tuple[SeatState, list[Action]]:
+    s = seat.state
+    if s in ALIVE:
+        return replace(seat, state=State.STOPPING, sleep=reason, wake=False,
+                       stop_deadline=now + policy.stop_deadline_s), [Terminate()]
+    if s in (State.BACKOFF, State.FATAL) and seat.pid is None:
+        return replace(seat, state=State.SLEEPING, retry_at=None), []
+    if s == State.STOPPING and seat.sleep is not None:
+        return replace(seat, wake=False), []
+    return seat, []
+
+
+def _wake_requested(seat: SeatState) -> tuple[SeatState, list[Action]]:
+    if seat.state == State.SLEEPING and seat.pid is None:
+        return _woken(seat)
+    if seat.state == State.STOPPING and seat.sleep is not None:
+        return replace(seat, wake=True), []  # spawned again once the old one is gone
     return seat, []
 
 
@@ -273,7 +324,13 @@ def transition(seat: SeatState, event: Event, now: float, policy: Policy,
             return replace(seat, pid=None), []
         case Tick():
             return _tick(seat, now, policy)
+        case SleepRequested(reason=reason):
+            return _sleep_requested(seat, reason, now, policy)
+        case WakeRequested():
+            return _wake_requested(seat)
         case RestartRequested():
+            if s == State.SLEEPING:
+                return _wake_requested(seat)
             if s in (State.BACKOFF, State.FATAL, State.STOPPED):
                 if seat.pid is not None:
                     return seat, []

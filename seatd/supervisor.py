@@ -3,7 +3,16 @@
 This is the shell around `states.transition`: it turns process exits, pongs,
 missed heartbeats, stalled token counts and memory readings into events, and
 the returned actions into spawns, signals and kills.  It also answers the
-control socket (`sanctum status`, `restart`, `counters`).
+control socket (`sanctum status`, `restart`, `counters`, and the proxy's `wake` and
+`sleep` of on-demand seats).
+
+An on-demand seat (`load = "on_demand"`) starts SLEEPING, with no worker.  The proxy
+asks for it with a request (`WakeSeat`, naming the loaded seats it has nothing in
+flight or waiting for); seatd loads it where its estimated size fits the memory budget
+and `max_loaded`, putting the least recently used of those idle seats to sleep first
+(`seatd.room`), or answers `NoRoom` naming the budget and what holds it.  The proxy
+puts a seat to sleep after its keep-alive (`SleepSeat`); a sleep is a drain like a
+stop, never a crash.
 
 Stopping (SIGTERM or SIGINT) is ordered: each worker gets SIGTERM and drains its
 in-flight request for up to `drain_s`; a worker still there `KILL_GRACE_S`
@@ -28,7 +37,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from seatd import blas, health, ledger
+from seatd import blas, health, ledger, room
 from seatd.states import (
     ALIVE,
     KILL_GRACE_S,
@@ -42,12 +51,14 @@ from seatd.states import (
     Policy,
     RestartRequested,
     SeatState,
+    SleepRequested,
     Spawn,
     Spawned,
     State,
     StopRequested,
     Terminate,
     Tick,
+    WakeRequested,
     stop_deadline,
     transition,
 )
@@ -91,6 +102,22 @@ class Seat:
     watch: health.Watch = field(default_factory=health.Watch)
     reason_file: Path | None = None
     totals_file: Path | None = None
+    estimated: int = 0  # bytes once loaded and busy (seatd.room.estimate)
+    busy_at: float | None = None  # when a pong last showed work (idle since then)
+    loads: int = 0  # loads that reached READY, and the seconds they took
+    load_seconds: float = 0.0
+    sleeps: dict[str, int] = field(default_factory=dict)  # by reason
+
+    @property
+    def on_demand(self) -> bool:
+        return self.config.on_demand
+
+    @property
+    def holds_memory(self) -> bool:
+        """Loaded, loading, or coming back: what counts against the memory budget."""
+        s = self.state
+        return s.state in (*ALIVE, State.BACKOFF) or (s.state is State.STOPPING
+                                                      and s.sleep is None)
 
 
 def policy_for(config: Config) -> Policy:
@@ -112,7 +139,10 @@ class Supervisor:
             seat.reason_file = self.state_dir / f"exit-{seat.name}.reason"
             seat.totals_file = ledger.path_for(self.state_dir, seat.name)
             saved = ledger.load(seat.totals_file)
-            seat.state = SeatState(restarts=saved.restarts, memory_restarts=saved.memory_restarts)
+            seat.state = SeatState(State.SLEEPING if seat.on_demand else State.STARTING,
+                                   restarts=saved.restarts, memory_restarts=saved.memory_restarts)
+            seat.estimated = room.estimate(config, seat.config)
+        self.memory_budget = room.budget_bytes(config.seatd, room.physical_memory())
         self.ctx: zmq.asyncio.Context | None = None
         # Heartbeat sockets are polled without blocking from the watch loop, so
         # they are plain sockets on a context of their own.
@@ -129,6 +159,12 @@ class Supervisor:
         if after.state != before.state:
             log.info("seat_state", seat=seat.name, state=after.state.value,
                      was=before.state.value, last_exit=after.last_exit)
+            if before.state is State.STARTING and after.state in (State.READY, State.BUSY):
+                seat.loads += 1
+                seat.load_seconds += time.monotonic() - seat.spawned_at
+                seat.busy_at = time.monotonic()
+            if before.sleep is not None and after.state in (State.SLEEPING, State.STARTING):
+                seat.sleeps[before.sleep] = seat.sleeps.get(before.sleep, 0) + 1
         if (after.restarts, after.memory_restarts) != (before.restarts, before.memory_restarts):
             self.save_totals(seat)
         for action in actions:
@@ -237,6 +273,8 @@ class Supervisor:
                 seat.heard_at = time.monotonic()
                 seat.incarnation = reply.incarnation
                 seat.pong = reply
+                if reply.busy or reply.in_flight:
+                    seat.busy_at = seat.heard_at
                 self.feed(seat, Heard(reply.ready, reply.busy))
                 if seat.state.state in (State.READY, State.BUSY):
                     self.check_progress(seat, seat.heard_at)
@@ -320,8 +358,17 @@ class Supervisor:
             rows.append(protocol.SeatStatus(
                 name=seat.name, state=seat.state.state.value, pid=pid, rss_bytes=rss,
                 uptime_s=uptime, restarts=seat.state.restarts, incarnation=seat.incarnation,
-                last_exit=seat.state.last_exit, device=self.device_of(seat.name)))
-        return protocol.StatusReply(tuple(rows), self.bad_control_frames)
+                last_exit=seat.state.last_exit, device=self.device_of(seat.name),
+                load=seat.config.load, estimated_bytes=seat.estimated,
+                idle_s=self.idle_s(seat)))
+        return protocol.StatusReply(tuple(rows), self.bad_control_frames, self.memory_budget,
+                                    self.config.seatd.max_loaded)
+
+    def idle_s(self, seat: Seat) -> float | None:
+        """Seconds since a loaded seat last showed work (None: not loaded)."""
+        if seat.state.state not in (State.READY, State.BUSY) or seat.busy_at is None:
+            return None
+        return max(0.0, time.monotonic() - seat.busy_at)
 
     def saved_counters(self, name: str) -> dict[str, object]:
         """The counters the seat's worker last wrote ({}: none yet, or unreadable)."""
@@ -341,6 +388,9 @@ class Supervisor:
             out[seat.name] = self.saved_counters(seat.name)
             out[seat.name]["restarts"] = seat.state.restarts
             out[seat.name]["memory_restarts"] = seat.state.memory_restarts
+            out[seat.name]["loads"] = seat.loads
+            out[seat.name]["load_ms"] = round(seat.load_seconds * 1000)
+            out[seat.name]["sleeps"] = dict(seat.sleeps)
         return protocol.SeatCounters(out)
 
     def restart(self, name: str) -> protocol.ControlReply:
@@ -348,8 +398,53 @@ class Supervisor:
             return protocol.ControlError(f"no local seat named {name!r}")
         if self.stopping:
             return protocol.ControlError("seatd is stopping")
+        if self.seats[name].state.state is State.SLEEPING:  # a restart wakes it
+            woken = self.wake(name, ())
+            if isinstance(woken, protocol.NoRoom):
+                return protocol.ControlError(woken.message)
+            return protocol.ControlOk(f"waking {name}")
         self.feed(self.seats[name], RestartRequested())
         return protocol.ControlOk(f"restarting {name}")
+
+    def wake(self, name: str, idle: tuple[str, ...]) -> protocol.ControlReply:
+        """Load on-demand seat `name`, first putting to sleep what `seatd.room` says of
+        `idle` (the proxy's idle seats, least recently used first)."""
+        seat = self.seats.get(name)
+        if seat is None:
+            return protocol.ControlError(f"no local seat named {name!r}")
+        if self.stopping:
+            return protocol.ControlError("seatd is stopping")
+        state = seat.state
+        if not (state.state is State.SLEEPING
+                or (state.state is State.STOPPING and state.sleep is not None)):
+            return protocol.Woken(name)  # loaded, loading, or not ours to wake
+        loaded = [n for n, s in self.seats.items() if s.holds_memory and n != name]
+        loaded.sort(key=lambda n: self.seats[n].busy_at or 0.0)
+        sleepable = [n for n in idle if n in self.seats and self.seats[n].on_demand]
+        sizes = {n: s.estimated for n, s in self.seats.items()}
+        plan = room.make_room(name, sizes, loaded, sleepable, self.memory_budget,
+                              self.config.seatd.max_loaded)
+        if not plan.fits:
+            held = {n: sizes[n] for n in loaded}
+            message = room.no_room_message(name, plan, self.memory_budget,
+                                           self.config.seatd.max_loaded, held)
+            log.warning("no_room", seat=name, message=message)
+            return protocol.NoRoom(message, self.memory_budget, held)
+        for victim in plan.victims:
+            log.info("seat_sleeping", seat=victim, reason="room", for_seat=name)
+            self.feed(self.seats[victim], SleepRequested("room"))
+        log.info("seat_waking", seat=name, estimated_mb=seat.estimated // room.MB,
+                 slept=list(plan.victims))
+        self.feed(seat, WakeRequested())
+        return protocol.Woken(name, plan.victims)
+
+    def sleep(self, name: str, reason: str) -> protocol.ControlReply:
+        seat = self.seats.get(name)
+        if seat is None or not seat.on_demand:
+            return protocol.ControlError(f"no on-demand seat named {name!r}")
+        log.info("seat_sleeping", seat=name, reason=reason)
+        self.feed(seat, SleepRequested(reason))
+        return protocol.ControlOk(f"{name} sleeps")
 
     async def control(self) -> None:
         assert self.ctx is not None
@@ -373,6 +468,10 @@ class Supervisor:
                         reply = self.counters()
                     case protocol.RestartSeat(seat=name):
                         reply = self.restart(name)
+                    case protocol.WakeSeat(seat=name, idle=idle):
+                        reply = self.wake(name, idle)
+                    case protocol.SleepSeat(seat=name, reason=reason):
+                        reply = self.sleep(name, reason)
                 await sock.send_multipart([frames[0], b"", protocol.encode(reply)])
         finally:
             sock.close(linger=0)
@@ -395,7 +494,8 @@ class Supervisor:
             loop.add_signal_handler(sig, self.request_stop)
         for seat in self.seats.values():
             self.connect(seat)
-            self.spawn(seat)
+            if not seat.on_demand:  # an on-demand seat loads on its first request
+                self.spawn(seat)
         control = loop.create_task(self.control())
         watcher = loop.create_task(self.watch())
         log.info("seatd_started", seats=list(self.seats), state_dir=str(self.state_dir))

@@ -93,6 +93,12 @@ class ProxyConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     curve_cert: str | None = None
 
 
+# An on-demand seat's idle seconds before it sleeps, unless it sets its own.
+KEEP_ALIVE_S = 300.0
+# seatd's memory budget when the config sets none: this share of physical memory.
+MEMORY_SHARE = 0.75
+
+
 class SeatdConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Where sockets, counters and pid files live.  Empty: the platform default.
     state_dir: str = ""
@@ -106,6 +112,12 @@ class SeatdConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     backoff_max_s: Positive = 30.0
     # A FATAL seat is retried after this long; unset = it waits for `sanctum restart`.
     fatal_cooldown_s: Positive | None = None
+    # What loaded seats may hold together (seatd/room.py): an on-demand seat is loaded
+    # only where its estimated size fits beside the others, the least recently used
+    # idle on-demand seat put to sleep to make room.  0 = MEMORY_SHARE of physical
+    # memory.  max_loaded: at most this many seats loaded at once; 0 = no count limit.
+    memory_budget_mb: Annotated[int, msgspec.Meta(ge=0)] = 0
+    max_loaded: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class DrafterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -195,6 +207,21 @@ class SeatConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # local (mlx) seats: how long a request may wait in that queue; then it is taken
     # back and, like a full queue, counts as busy, never as the seat failing.
     queue_timeout_s: Positive = 120.0
+    # local (mlx) seats: "always" loads at start and stays; "on_demand" loads on its
+    # first request and sleeps (no worker process) after keep_alive_s idle seconds:
+    # unset = KEEP_ALIVE_S, 0 = after each answer, -1 = never.  A request may set its
+    # own (`"sanctum": {"keep_alive": S}`).
+    load: Literal["always", "on_demand"] = "always"
+    keep_alive_s: Annotated[float, msgspec.Meta(ge=-1)] | None = None
+
+    @property
+    def on_demand(self) -> bool:
+        return self.kind == "mlx" and self.load == "on_demand"
+
+    @property
+    def keep_alive(self) -> float:
+        """Idle seconds before this on-demand seat sleeps (-1: never)."""
+        return KEEP_ALIVE_S if self.keep_alive_s is None else self.keep_alive_s
 
 
     @property
@@ -297,6 +324,14 @@ def _check_local(seat: SeatConfig, where: str) -> None:
     for key in ("base_url", "api_key_env", "upstream_model"):
         if getattr(seat, key) is not None:
             raise ConfigError(f"{where}.{key}: only for kind = \"openai\"")
+    if seat.keep_alive_s is not None and seat.load != "on_demand":
+        raise ConfigError(f"{where}.keep_alive_s: only for load = \"on_demand\" (an "
+                          "always-loaded seat never sleeps)")
+    if seat.keep_alive_s is not None and -1 < seat.keep_alive_s < 0:
+        raise ConfigError(f"{where}.keep_alive_s: seconds >= 0, or -1 for never")
+    if seat.on_demand and seat.remote:
+        raise ConfigError(f"{where}.load: a remote seat's own seatd loads it; "
+                          "on_demand is set there")
     if seat.upstream_fields:
         raise ConfigError(f"{where}.upstream_fields: only for kind = \"openai\" "
                           "(a local seat honours every field)")
@@ -319,6 +354,8 @@ def _check_hosted(seat: SeatConfig, where: str) -> None:
             raise ConfigError(f"{where}.{key}: only for local (mlx) seats")
     if seat.remote:
         raise ConfigError(f"{where}.remote: only for local (mlx) seats")
+    if seat.load != "always" or seat.keep_alive_s is not None:
+        raise ConfigError(f"{where}.load: only local (mlx) seats load and sleep")
 
 
 def _check_routes(config: Config, names: list[str]) -> None:

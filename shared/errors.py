@@ -142,6 +142,17 @@ class Loading(ServiceError):
         self.retry_after_s = retry_after_s
 
 
+class NoRoom(ServiceError):
+    """An on-demand seat cannot load: the memory budget (or max_loaded) is held by
+    seats that are busy or always loaded.  Nothing failed; retry shortly."""
+
+    code = "no_room"
+
+    def __init__(self, message: str, *, retry_after_s: int = 5, **extra: Any) -> None:
+        super().__init__(message, **extra)
+        self.retry_after_s = retry_after_s
+
+
 # A seat's own refusal of a prompt over its cap (`Rejected(413, SEAT_OVER_CAP)`), which
 # clients are told as CONTEXT_LENGTH, as the proxy's own over-cap refusal is.
 SEAT_OVER_CAP = "prompt_too_long"

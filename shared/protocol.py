@@ -231,6 +231,9 @@ class Generate(msgspec.Struct, frozen=True, tag="generate"):
     # A completion's prompt given as token ids (the OpenAI API takes them): used as they
     # are, no template and no special token added; `prompt` is then empty.
     prompt_ids: tuple[TokenId, ...] | None = None
+    # An on-demand seat's idle seconds before it sleeps after this request (the proxy's
+    # to keep: proxyd/on_demand.py; the seat ignores it); None: the seat's keep_alive_s.
+    keep_alive_s: float | None = None
 
 
 class Cancel(msgspec.Struct, frozen=True, tag="cancel"):
@@ -406,7 +409,24 @@ class RestartSeat(msgspec.Struct, frozen=True, tag="restart"):
     seat: str
 
 
-Control = StatusQuery | RestartSeat | GetCounters
+class WakeSeat(msgspec.Struct, frozen=True, tag="wake"):
+    """Load an on-demand seat (a request waits for it).  `idle`: the loaded seats the
+    proxy has nothing in flight or waiting for, least recently used first, which seatd
+    may put to sleep to make room (`seatd.room`); the proxy sends none to them until
+    the answer."""
+
+    seat: str
+    idle: tuple[str, ...] = ()
+
+
+class SleepSeat(msgspec.Struct, frozen=True, tag="sleep"):
+    """Put an idle on-demand seat to sleep; `reason`: idle or request (its keep_alive)."""
+
+    seat: str
+    reason: str = "idle"
+
+
+Control = StatusQuery | RestartSeat | GetCounters | WakeSeat | SleepSeat
 
 
 class SeatStatus(msgspec.Struct, frozen=True):
@@ -419,11 +439,31 @@ class SeatStatus(msgspec.Struct, frozen=True):
     incarnation: int
     last_exit: str | None
     device: str = ""  # "cuda: NVIDIA H200", "metal: Apple M4", "cpu: cpu (...)"; "": not yet
+    load: str = "always"  # "always" | "on_demand"
+    estimated_bytes: int = 0  # what it holds once loaded and busy, from its files
+    idle_s: float | None = None  # since it last had a request in flight (loaded only)
 
 
 class StatusReply(msgspec.Struct, frozen=True, tag="status_reply"):
     seats: tuple[SeatStatus, ...]
     bad_frames: int = 0  # frames the control socket refused since seatd started
+    memory_budget_bytes: int = 0  # what loaded seats may hold together (seatd.room)
+    max_loaded: int = 0  # 0: no count limit
+
+
+class Woken(msgspec.Struct, frozen=True, tag="woken"):
+    """A WakeSeat's answer: the seat loads (or was loaded); `slept` made room for it."""
+
+    seat: str
+    slept: tuple[str, ...] = ()
+
+
+class NoRoom(msgspec.Struct, frozen=True, tag="no_room"):
+    """A WakeSeat's answer when nothing can make room: the budget and what holds it."""
+
+    message: str
+    budget_bytes: int = 0
+    loaded: dict[str, int] = {}
 
 
 class ControlError(msgspec.Struct, frozen=True, tag="control_error"):
@@ -439,7 +479,7 @@ class SeatCounters(msgspec.Struct, frozen=True, tag="seat_counters"):
     seats: dict[str, dict[str, object]]
 
 
-ControlReply = StatusReply | ControlError | ControlOk | SeatCounters
+ControlReply = StatusReply | ControlError | ControlOk | SeatCounters | Woken | NoRoom
 
 
 # ---------------------------------------------------------------------------

@@ -127,7 +127,7 @@ HOSTED_ONLY = {"base_url", "api_key_env", "upstream_model", "offbox", "connect_t
 LOCAL_ONLY = {"model", "drafter", "kv", "compute_dtype", "speculation", "draft_depth",
               "memory_budget_mb", "prompt_cache_mb", "max_batch", "kv_budget_mb",
               "max_queued", "queue_timeout_s", "trust_remote_code", "endpoint", "remote",
-              "curve_cert", "curve_clients"}
+              "curve_cert", "curve_clients", "load", "keep_alive_s"}
 # Values the example sets on purpose, not being the default: its hosted rung is off the
 # box, and its route shows the opt-in header.
 CHOSEN = {("seat", "offbox"): True, ("route", "offbox"): "header"}

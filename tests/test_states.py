@@ -13,12 +13,14 @@ from seatd.states import (
     Policy,
     RestartRequested,
     SeatState,
+    SleepRequested,
     Spawn,
     Spawned,
     State,
     StopRequested,
     Terminate,
     Tick,
+    WakeRequested,
     backoff_delay,
     transition,
 )
@@ -62,13 +64,25 @@ TABLE = [
     (S.STOPPING, RestartRequested(), S.STOPPING, []),
     (S.FATAL, Tick(), S.FATAL, []),
     (S.FATAL, Heard(ready=True, busy=False), S.FATAL, []),
+    # on-demand seats: sleep drains like a stop; a sleeping seat wakes without a crash
+    (S.READY, SleepRequested("idle"), S.STOPPING, [Terminate]),
+    (S.STARTING, SleepRequested("room"), S.STOPPING, [Terminate]),
+    (S.BACKOFF, SleepRequested("idle"), S.SLEEPING, []),
+    (S.SLEEPING, SleepRequested("idle"), S.SLEEPING, []),
+    (S.SLEEPING, WakeRequested(), S.STARTING, [Spawn]),
+    (S.SLEEPING, RestartRequested(), S.STARTING, [Spawn]),
+    (S.SLEEPING, StopRequested(), S.STOPPED, []),
+    (S.SLEEPING, Tick(), S.SLEEPING, []),
+    (S.SLEEPING, Heard(ready=True, busy=False), S.SLEEPING, []),
+    (S.READY, WakeRequested(), S.READY, []),
+    (S.STOPPED, WakeRequested(), S.STOPPED, []),
 ]
 
 
 @pytest.mark.parametrize(("state", "event", "after", "actions"), TABLE)
 def test_transition_table(state, event, after, actions) -> None:
     """Each (state, event) pair leads to the documented state and actions."""
-    pid = None if state in (S.BACKOFF, S.FATAL, S.STOPPED) else 10
+    pid = None if state in (S.BACKOFF, S.FATAL, S.STOPPED, S.SLEEPING) else 10
     seat = SeatState(state=state, pid=pid)
     new, got = transition(seat, event, 100.0, P, RNG)
     assert new.state is after
@@ -209,3 +223,29 @@ def test_backoff_is_jittered_exponential_and_capped(n: int) -> None:
     for seed in range(20):
         d = backoff_delay(n, P, random.Random(seed))
         assert full * 0.5 <= d < full
+
+
+def test_a_seat_put_to_sleep_drains_and_sleeps_without_counting_a_restart() -> None:
+    """Sleep: TERM, the exit is a SLEEPING seat (not a crash, no restart); a wake spawns."""
+    seat, acts = transition(SeatState(S.READY, pid=4), SleepRequested("idle"), 0.0, P, RNG)
+    assert seat.state is S.STOPPING and acts == [Terminate()] and seat.sleep == "idle"
+    seat, acts = transition(seat, Exited("exit:0"), 1.0, P, RNG)
+    assert (seat.state, seat.pid, acts, seat.restarts, seat.crashes) == (
+        S.SLEEPING, None, [], 0, ())
+    seat, acts = transition(seat, WakeRequested(), 2.0, P, RNG)
+    assert seat.state is S.STARTING and acts == [Spawn()] and seat.restarts == 0
+
+
+def test_a_wake_while_draining_to_sleep_spawns_after_the_exit() -> None:
+    """A request for a seat still draining to sleep: it is spawned once the old worker is
+    gone, never two at once; a stop meanwhile wins over both."""
+    seat, _ = transition(SeatState(S.READY, pid=4), SleepRequested("room"), 0.0, P, RNG)
+    seat, acts = transition(seat, WakeRequested(), 0.5, P, RNG)
+    assert seat.state is S.STOPPING and acts == [] and seat.wake
+    seat, acts = transition(seat, Exited("exit:0"), 1.0, P, RNG)
+    assert seat.state is S.STARTING and acts == [Spawn()] and seat.restarts == 0
+    seat, _ = transition(SeatState(S.READY, pid=4), SleepRequested("room"), 0.0, P, RNG)
+    seat, _ = transition(seat, WakeRequested(), 0.5, P, RNG)
+    seat, _ = transition(seat, StopRequested(), 0.6, P, RNG)
+    seat, acts = transition(seat, Exited("exit:0"), 1.0, P, RNG)
+    assert seat.state is S.STOPPED and acts == []

@@ -486,11 +486,7 @@ def sampling_params(req: MessagesRequest, limits: ProxyConfig) -> SamplingParams
 
 def overrides(options: SanctumOptions | None) -> dict[str, Any]:
     """The body's `sanctum` overrides as Generate fields, as at the OpenAI doors."""
-    if options is None:
-        return {}
-    return {"kv": options.kv, "speculation": options.speculation,
-            "prompt_cache": options.prompt_cache, "draft_depth": options.draft_depth,
-            "solo": options.solo}
+    return {} if options is None else options.generate_fields()
 
 
 class Messages(msgspec.Struct, frozen=True):

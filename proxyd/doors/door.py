@@ -66,6 +66,15 @@ class SanctumOptions(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # true: decode as a row of its own, never in a forward with other requests, so a
     # seeded answer's bytes cannot depend on its neighbours (it costs batching's gain)
     solo: bool | None = None
+    # an on-demand seat's idle seconds before it sleeps after this request (as Ollama's
+    # keep_alive): 0 = at once, -1 = never; unset = the seat's keep_alive_s
+    keep_alive: Annotated[float, msgspec.Meta(ge=-1)] | None = None
+
+    def generate_fields(self) -> dict[str, Any]:
+        """These overrides as Generate fields."""
+        return {"kv": self.kv, "speculation": self.speculation,
+                "prompt_cache": self.prompt_cache, "draft_depth": self.draft_depth,
+                "solo": self.solo, "keep_alive_s": self.keep_alive}
 
 
 class DoorRequest(msgspec.Struct, frozen=True):

@@ -263,11 +263,7 @@ def tools_json(req: ChatRequest) -> str | None:
 def overrides(req: _Common) -> dict[str, Any]:
     """The request's `sanctum` overrides as Generate fields (KV lane, speculation,
     prompt cache, draft depth, a row of its own)."""
-    if req.sanctum is None:
-        return {}
-    return {"kv": req.sanctum.kv, "speculation": req.sanctum.speculation,
-            "prompt_cache": req.sanctum.prompt_cache, "draft_depth": req.sanctum.draft_depth,
-            "solo": req.sanctum.solo}
+    return {} if req.sanctum is None else req.sanctum.generate_fields()
 
 
 def _include_usage(req: _Common) -> bool:

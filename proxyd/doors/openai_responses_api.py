@@ -497,11 +497,7 @@ class ResponsesCall(msgspec.Struct, frozen=True):
 
 def _overrides(opts: SanctumOptions | None) -> dict[str, Any]:
     """The `sanctum` overrides as Generate fields (as at the chat door)."""
-    if opts is None:
-        return {}
-    return {"kv": opts.kv, "speculation": opts.speculation,
-            "prompt_cache": opts.prompt_cache, "draft_depth": opts.draft_depth,
-            "solo": opts.solo}
+    return {} if opts is None else opts.generate_fields()
 
 
 def echo(call: ResponsesCall) -> dict[str, Any]:

@@ -1,0 +1,180 @@
+"""On-demand seats through `sanctum up`: real seatd, proxyd and workers.
+
+Three on-demand seats of the demo model with room for two (`max_loaded = 2`, and
+separately a `memory_budget_mb` that fits two): nothing loads before its first request;
+each route is answered by its own seat; the least recently used idle seat sleeps when
+the third loads; a sleeping seat's next request wakes it; a seat with a stream in
+flight is never put to sleep; with two seats busy there is no room, and the request
+gets the one stated 503 (`no_room`, Retry-After, the budget and what holds it);
+`keep_alive_s = 0` and a request's `keep_alive` put a seat to sleep as stated.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from typing import Any
+
+import pytest
+
+from tests.procs import Sanctum, http, running, wait_for
+
+pytestmark = pytest.mark.slow
+
+SEAT = """
+[[seat]]
+name = "{name}"
+model = "builtin:demo"
+max_prompt_tokens = 1536
+kv_budget_mb = 64
+prompt_cache_mb = 16
+load = "on_demand"
+{extra}
+[[route]]
+model = "{name}"
+ladder = ["{name}"]
+"""
+
+
+def config(seatd: str, seats: dict[str, str]) -> Any:
+    def make(port: int) -> str:
+        body = "".join(SEAT.format(name=n, extra=extra) for n, extra in seats.items())
+        return (f'[proxy]\nlisten = "127.0.0.1:{port}"\nheartbeat_s = 0.5\n\n'
+                f"[seatd]\nheartbeat_s = 0.5\nbackoff_initial_s = 0.2\n{seatd}\n{body}")
+    return make
+
+
+def ask(s: Sanctum, route: str, **extra: Any) -> tuple[int, dict[str, str], dict[str, Any]]:
+    body = {"model": route, "messages": [{"role": "user", "content": "Say hi."}],
+            "max_tokens": 4, "temperature": 0, **extra}
+    status, headers, raw = http("POST", f"{s.url}/v1/chat/completions", body, timeout=120)
+    return status, headers, json.loads(raw)
+
+
+def states(s: Sanctum) -> dict[str, str]:
+    return {n: seat["state"] for n, seat in s.health()["seats"].items()}
+
+
+def served_by(s: Sanctum, route: str) -> None:
+    status, headers, body = ask(s, route)
+    assert status == 200, body
+    assert headers["X-Sanctum-Seat"] == route, headers
+
+
+def wait_states(s: Sanctum, want: dict[str, str]) -> None:
+    wait_for(f"seat states {want}", lambda: all(states(s)[n] == v for n, v in want.items()),
+             timeout=60, logs=s.logs)
+
+
+class Stream(threading.Thread):
+    """A long streamed answer read to its end; `begun` is set at its first chunk."""
+
+    def __init__(self, s: Sanctum, route: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.route = s.url, route
+        self.begun = threading.Event()
+        self.chunks = 0
+        self.finish: str | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        body = {"model": self.route, "messages": [{"role": "user", "content": "Tell a story."}],
+                "max_tokens": 600, "temperature": 0.7, "seed": 1, "stream": True,
+                # no end of text or turn (the demo's ids 0 and 2): it runs to its budget
+                "logit_bias": {"0": -100, "2": -100}, "sanctum": {"speculation": False}}
+        req = urllib.request.Request(f"{self.url}/v1/chat/completions",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                for line in r:
+                    if not line.startswith(b"data: {"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    self.chunks += 1
+                    self.begun.set()
+                    for choice in chunk.get("choices", []):
+                        self.finish = choice.get("finish_reason") or self.finish
+        except BaseException as exc:  # seen by the test
+            self.error = exc
+            self.begun.set()
+
+
+def seatd_counters(s: Sanctum) -> dict[str, Any]:
+    return json.loads(http("GET", f"{s.url}/counters")[2])["seats"]
+
+
+def test_three_on_demand_seats_with_room_for_two() -> None:
+    seats = {"a": "", "b": "", "c": ""}
+    with running(config("max_loaded = 2", seats), seats=()) as s:
+        # nothing loads before its first request, and a sleeping seat is not a failure
+        code, health = s.health_status()
+        assert code == 200 and health["status"] == "ok", health
+        assert states(s) == {"a": "sleeping", "b": "sleeping", "c": "sleeping"}
+        assert all(seat["pid"] is None for seat in health["seats"].values())
+        models = json.loads(http("GET", f"{s.url}/v1/models")[2])
+        assert {m["id"] for m in models["data"]} == {"a", "b", "c"}
+        served_by(s, "a")
+        served_by(s, "b")
+        assert states(s) == {"a": "ready", "b": "ready", "c": "sleeping"}
+        # the third: the least recently used idle seat (a) sleeps to make room
+        served_by(s, "c")
+        wait_states(s, {"a": "sleeping", "b": "ready", "c": "ready"})
+        # a sleeping seat's next request wakes it (b is now the least recently used)
+        served_by(s, "a")
+        wait_states(s, {"a": "ready", "b": "sleeping", "c": "ready"})
+        pid_c = s.health()["seats"]["c"]["pid"]
+        # a seat with a stream in flight is never put to sleep: c streams while b loads
+        story = Stream(s, "c")
+        story.start()
+        assert story.begun.wait(120) and story.error is None
+        served_by(s, "b")  # a (idle) sleeps for it, not c
+        states_now = states(s)
+        assert states_now["a"] == "sleeping" and states_now["c"] == "ready", states_now
+        # with b and c both busy there is no room for a: the one stated 503
+        other = Stream(s, "b")
+        other.start()
+        assert other.begun.wait(120) and other.error is None
+        assert story.is_alive() and other.is_alive()
+        status, headers, body = ask(s, "a")
+        assert status == 503 and body["error"]["code"] == "no_room", body
+        assert "Retry-After" in headers
+        message = body["error"]["message"]
+        assert "at most 2 loaded" in message and "b " in message and "c " in message
+        story.join(300)
+        other.join(300)
+        assert story.error is None and story.finish == "length", story.error
+        assert other.error is None and other.finish == "length", other.error
+        assert s.health()["seats"]["c"]["pid"] == pid_c  # never restarted under its stream
+        counters = seatd_counters(s)
+        assert counters["c"]["loads"] == 1 and counters["c"]["restarts"] == 0
+        assert counters["a"]["sleeps"]["room"] >= 2 and counters["a"]["loads"] == 2
+        assert counters["c"]["load_ms"] > 0
+        metrics = http("GET", f"{s.url}/metrics")[2].decode()
+        assert 'sanctum_seat_state{seat="a",state="sleeping"} 1.0' in metrics
+        assert "sanctum_seat_loads_total" in metrics or "sanctum_seat_loads{" in metrics
+
+
+def test_a_memory_budget_that_fits_two_and_keep_alive() -> None:
+    """The budget alone (about 90 MB estimated per seat, 200 MB budget) makes the room;
+    keep_alive_s = 0 sleeps a seat after each answer, and a request's keep_alive
+    replaces its seat's for that load."""
+    seats = {"a": "", "b": "", "c": "keep_alive_s = 0"}
+    with running(config("memory_budget_mb = 200", seats), seats=()) as s:
+        served_by(s, "a")
+        served_by(s, "b")
+        # a request asking to be forgotten at once: b sleeps after its answer
+        status, _, _ = ask(s, "b", sanctum={"keep_alive": 0})
+        assert status == 200
+        wait_states(s, {"b": "sleeping", "a": "ready"})
+        # c (keep_alive_s = 0) sleeps after each answer, without evicting a
+        served_by(s, "c")
+        wait_states(s, {"c": "sleeping", "a": "ready"})
+        served_by(s, "b")
+        served_by(s, "c")  # a and b loaded: a (least recently used) makes room
+        wait_states(s, {"a": "sleeping", "c": "sleeping"})
+        counters = seatd_counters(s)
+        assert counters["b"]["sleeps"] == {"request": 1}
+        assert counters["c"]["sleeps"].get("idle", 0) >= 1
+        assert counters["a"]["sleeps"] == {"room": 1}
