@@ -283,7 +283,8 @@ class SeatClient:
         match reply:
             case Pong():
                 if self.sleeping:  # a worker of its own (`sanctum restart` woke it)
-                    self.sleeping = False
+                    self.sleeping, self.was_ready = False, False
+                    self.started_at = self.last_used = self.clock()
                 old = self.pong
                 self.pong = reply
                 self.was_ready = self.was_ready or reply.ready

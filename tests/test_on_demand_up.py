@@ -12,6 +12,8 @@ gets the one stated 503 (`no_room`, Retry-After, the budget and what holds it);
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import urllib.request
 from typing import Any
@@ -178,3 +180,16 @@ def test_a_memory_budget_that_fits_two_and_keep_alive() -> None:
         assert counters["b"]["sleeps"] == {"request": 1}
         assert counters["c"]["sleeps"].get("idle", 0) >= 1
         assert counters["a"]["sleeps"] == {"room": 1}
+        # the operator's view: each seat's estimate against the budget, and its state
+        shown = cli(s, "status").stdout
+        assert "memory budget 200 MB" in shown and "SLEEPING" in shown and "demand" in shown
+        assert "90 MB estimated" in cli(s, "check").stdout  # 26 MB of weights, 64 of KV
+        # `sanctum restart` wakes a sleeping seat (a, which made room for c)
+        assert cli(s, "restart", "a").returncode == 0
+        wait_states(s, {"a": "ready"})
+        served_by(s, "a")
+
+
+def cli(s: Sanctum, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sanctum.cli", *args, "--config", str(s.config)],
+                          env=s.env, capture_output=True, text=True, timeout=60)

@@ -16,6 +16,8 @@ stops everything, and returns a `Run` (stored as JSON, rendered by report.py).
                (sanctum.bench.flips; nothing to interleave)
     neighbours not a speed comparison: where a request batched with 7 others leaves its
                answer alone (sanctum.bench.neighbours; nothing to interleave)
+    wake       a sleeping on-demand seat woken by a request  vs  the same model loaded
+               (sanctum.bench.wake)
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from sanctum.bench.options import (
 from sanctum.bench.results import Run
 from sanctum.bench.rules import rules as run_rules
 from sanctum.bench.runner import Measure
+from sanctum.bench.wake import wake
 from sanctum.bench.workloads import Workload, heldout_files
 
 # -- 1. the cost of our layers ------------------------------------------------------------
@@ -423,5 +426,5 @@ def grammar(opts: Options) -> Run:
 COMPARISONS: dict[str, Callable[[Options], Run]] = {
     "stack": stack, "mlx-server": mlx_server, "proxy": proxy, "spec": spec, "cache": cache,
     "rollback": rollback, "rules": rules, "flips": flips, "batching": batching, "hop": hop,
-    "neighbours": neighbours, "grammar": grammar,
+    "neighbours": neighbours, "grammar": grammar, "wake": wake,
 }
