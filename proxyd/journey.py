@@ -483,7 +483,8 @@ class Journey:
         whether it sleeps to make room for another), and wake it if it sleeps; the
         request then waits for it like for a loading seat, whatever rungs come after
         (it asked for this model).  None: go on with it; a Skipped (recorded): no room
-        for it, or it sleeps and the answer has begun; Waited.GONE: the client left."""
+        for it, seatd could not wake it, or it sleeps and the answer has begun;
+        Waited.GONE: the client left."""
         while client.held is not None:
             await client.held.wait()
         if client.state is not SeatState.SLEEPING:
@@ -494,7 +495,7 @@ class Journey:
             return skip
         why = await on_demand.wake(self.proxy, name)
         if why is not None:
-            skip = Skipped("no_room", detail=why)
+            skip = Skipped(why.reason, detail=why.message)
             self.record(name, skip)
             return skip
         waited = await self.wait_for_load((name,))

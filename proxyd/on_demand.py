@@ -1,6 +1,6 @@
 """On-demand seats, the proxy's side: wake one for a request, put idle ones to sleep.
 
-    await wake(proxy, name) -> str | None          None: seatd loads it; else why not
+    await wake(proxy, name) -> Unwoken | None      None: seatd loads it; else why not
     await sleep(proxy, name, reason)               nothing more is sent to it
     sleep_reason(keep_alive, override, idle_s) -> str | None     pure: idle, request, None
     await keep_alive_loop(proxy)                   puts seats to sleep as they come due
@@ -20,6 +20,7 @@ request, as Ollama's does; -1 means never, 0 right after the answer.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 import structlog
 
@@ -31,6 +32,15 @@ from shared import protocol
 log = structlog.get_logger()
 
 TICK_S = 0.2  # how often idle seats are looked at
+
+
+@dataclass(frozen=True)
+class Unwoken:
+    """Why a seat was not woken: `no_room` (the budget and what holds it: 503 with
+    Retry-After if no other rung answers) or `wake_failed` (seatd refused or is away)."""
+
+    reason: str
+    message: str
 
 
 def sleep_reason(keep_alive: float, override: float | None, idle_s: float) -> str | None:
@@ -47,9 +57,9 @@ def _on_demand(proxy: Proxy) -> dict[str, SeatClient]:
             if isinstance(c, SeatClient) and c.on_demand}
 
 
-async def wake(proxy: Proxy, name: str) -> str | None:
+async def wake(proxy: Proxy, name: str) -> Unwoken | None:
     """Ask seatd to load on-demand seat `name`; None when it loads (or is loaded), else
-    the reason it cannot: no room (the budget and what holds it), or seatd away."""
+    why it cannot."""
     client = proxy.clients[name]
     assert isinstance(client, SeatClient)
     others = _on_demand(proxy)
@@ -67,11 +77,11 @@ async def wake(proxy: Proxy, name: str) -> str | None:
         held.set()
     if isinstance(reply, protocol.NoRoom):
         proxy.counters.inc("no_room", name)
-        return reply.message
+        return Unwoken("no_room", reply.message)
     if not isinstance(reply, protocol.Woken):
         why = reply.error if isinstance(reply, protocol.ControlError) else "seatd did not answer"
         log.warning("wake_failed", seat=name, error=why)
-        return f"seat {name!r} could not be woken: {why}"
+        return Unwoken("wake_failed", why)
     for victim in reply.slept:
         if victim in others:
             others[victim].put_to_sleep()

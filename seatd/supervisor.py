@@ -436,6 +436,8 @@ class Supervisor:
         log.info("seat_waking", seat=name, estimated_mb=seat.estimated // room.MB,
                  slept=list(plan.victims))
         self.feed(seat, WakeRequested())
+        if seat.state.state is State.FATAL:  # refused before it started (its model is gone)
+            return protocol.ControlError(f"seat {name!r} cannot load: {seat.state.last_exit}")
         return protocol.Woken(name, plan.victims)
 
     def sleep(self, name: str, reason: str) -> protocol.ControlReply:

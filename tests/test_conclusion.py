@@ -15,6 +15,7 @@ from shared.errors import (
     BadRequest,
     ClientError,
     NoPrivateSeat,
+    NoRoom,
     Overloaded,
     PromptTooLong,
     SanctumError,
@@ -34,6 +35,9 @@ KINDS: dict[str, Skipped | Failed | Rejected] = {
     # a rung that cannot honour a field: skipped, or a hosted rung that refused it unsent
     "unsupported": Skipped("unsupported_field", field="logit_bias"),
     "unsupported_unsent": Failed("unsupported_field", "top_k: upstream takes no top_k"),
+    # an on-demand seat seatd found no room for, or could not wake (proxyd/on_demand.py)
+    "no_room": Skipped("no_room", detail="seat 'a' (90 MB) cannot load: budget 100 MB"),
+    "wake_failed": Skipped("wake_failed", detail="seat 'a' cannot load: gone"),
 }
 PRIVATE = Plan(("a", "b", "c"), ("hosted",))  # an off-box rung was filtered out
 OPEN = Plan(("a", "b", "c"), ())
@@ -76,6 +80,13 @@ TABLE: list[tuple[tuple[str, ...], Plan, type[SanctumError], str, str | None]] =
     (("circuit_open", "unsupported"), OPEN, AllRungsFailed, "all_rungs_failed", None),
     (("queue_full", "unsupported"), OPEN, Overloaded, "overloaded", "overloaded"),
     (("unsupported", "context_length"), OPEN, ClientError, CONTEXT_LENGTH, None),
+    # no room for an on-demand seat: nothing failed, retry (busy comes first)
+    (("no_room",), OPEN, NoRoom, "no_room", None),
+    (("no_room",), PRIVATE, NoRoom, "no_room", None),
+    (("no_room", "over_cap"), OPEN, NoRoom, "no_room", None),
+    (("no_room", "queue_full"), OPEN, Overloaded, "overloaded", "overloaded"),
+    (("no_room", "worker_lost"), OPEN, AllRungsFailed, "all_rungs_failed", None),
+    (("wake_failed",), OPEN, AllRungsFailed, "all_rungs_failed", None),
 ]
 
 
@@ -93,7 +104,7 @@ def expected(kinds: tuple[str, ...], plan: Plan) -> type[SanctumError]:
     """The rules of proxyd/conclusion.py, stated over sets of kinds."""
     got = set(kinds)
     busy = {"queue_full", "queue_timeout"}
-    skipped = {"over_cap", "circuit_open", "unsupported"}
+    skipped = {"over_cap", "circuit_open", "unsupported", "no_room", "wake_failed"}
     unable = {"unsupported", "unsupported_unsent"}
     if "context_length" in got:
         return ClientError
@@ -103,6 +114,8 @@ def expected(kinds: tuple[str, ...], plan: Plan) -> type[SanctumError]:
         return PromptTooLong
     if got & busy and got <= busy | skipped | {"unsupported_unsent"}:
         return Overloaded
+    if "no_room" in got and got <= skipped | {"unsupported_unsent"}:
+        return NoRoom
     if plan.filtered_offbox:
         return NoPrivateSeat
     return AllRungsFailed
@@ -113,7 +126,7 @@ MIXES = [kinds for n in (1, 2, 3) for kinds in itertools.product(KINDS, repeat=n
 
 @pytest.mark.parametrize("plan", [OPEN, PRIVATE], ids=["offbox_kept", "offbox_filtered"])
 def test_every_mix_of_up_to_three_attempts(plan: Plan) -> None:
-    """All 819 sequences of up to three attempt kinds, with and without off-box rungs
+    """All 1,463 sequences of up to three attempt kinds, with and without off-box rungs
     filtered, end as the rules say, and the error's status matches its class."""
     for kinds in MIXES:
         end = conclude(attempts(*kinds), plan, "r")

@@ -193,3 +193,26 @@ def test_a_memory_budget_that_fits_two_and_keep_alive() -> None:
 def cli(s: Sanctum, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sanctum.cli", *args, "--config", str(s.config)],
                           env=s.env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_seat_that_cannot_wake_fails_at_once(tmp_path: Any) -> None:
+    """An on-demand seat whose model went away after start: seatd refuses the wake
+    at once, so the request ends with the route's failure (no load wait), the attempt
+    names it, and the seat stays asleep."""
+    import shutil
+
+    from shared.builtin import resolve_model
+
+    model = tmp_path / "gone"
+    shutil.copytree(resolve_model("builtin:demo"), model)
+    seat = SEAT.format(name="a", extra="").replace('"builtin:demo"', json.dumps(str(model)))
+
+    def make(port: int) -> str:
+        return f'[proxy]\nlisten = "127.0.0.1:{port}"\nheartbeat_s = 0.5\n{seat}'
+
+    with running(make, seats=()) as s:
+        shutil.rmtree(model)
+        status, _, body = ask(s, "a")
+        assert status == 503 and body["error"]["code"] == "all_rungs_failed", body
+        assert body["error"]["attempts"] == "a=skipped:wake_failed", body
+        assert states(s) == {"a": "sleeping"}
