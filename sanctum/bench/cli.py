@@ -62,6 +62,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             from sanctum.bench.batching import stem as batching_stem
 
             stem = batching_stem(opts)
+        if name == "wake" and opts.model != Options().model:  # wake-shape-1b, wake-NAME
+            stem = "wake-" + opts.model.removeprefix("builtin:").replace(":", "-").strip("/")\
+                .rsplit("/", 1)[-1]
         save_run(run, out / f"{stem}.json")
         if run.not_measurable:
             print(f"  not measurable: {run.not_measurable}", file=sys.stderr)
@@ -116,8 +119,9 @@ def add_bench(sub: Any) -> None:
     run = bsub.add_parser("run", help="run comparisons and store their results")
     run.add_argument("comparison", choices=[*COMPARISONS, "all"])
     run.add_argument("--model", default=d.model,
-                     help="model directory, builtin:NAME, or shape:8b (random weights of an "
-                     "8B model's shape, 4-bit, the demo's tokenizer: for speed only)")
+                     help="model directory, builtin:NAME, or shape:8b / shape:1b (random "
+                     "weights of an 8B or 1B model's shape, 4-bit, the demo's tokenizer: "
+                     "for speed only)")
     run.add_argument("--drafter", default=d.drafter,
                      help="a drafter model (builtin:NAME or a directory), 'lookup' (prompt "
                      "lookup, no weights) or 'noise:MODEL' (MODEL's shape and tokenizer, "

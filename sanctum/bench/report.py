@@ -37,7 +37,7 @@ from sanctum.bench.stats import (
 from sanctum.bench.text import GOALS, fmt, fmt_ratio, fmt_summary, per_temperature
 
 ORDER = ["stack", "mlx-server", "proxy", "spec", "cache", "rollback", "rules", "flips",
-         "batching", "hop", "neighbours", "grammar"]
+         "batching", "hop", "neighbours", "grammar", "wake"]
 SECTION = {
     "stack": "1. Our stack against the same model in-process",
     "mlx-server": "2. Our stack against mlx_lm.server",
@@ -51,6 +51,7 @@ SECTION = {
     "hop": "10. The proxy hop: direct, nginx and proxyd",
     "neighbours": "11. Neighbours: a seeded answer alone against batched with 7 others",
     "grammar": "12. Structured output: decoding under a JSON schema",
+    "wake": "13. On-demand seats: a cold wake against the model loaded",
 }
 # Which figures each comparison reports, and its goals (speed ratio, arm over baseline).
 SHOWN = {
@@ -58,6 +59,7 @@ SHOWN = {
     "mlx-server": ["decode_tps", "ttft_s", "e2e_s"],
     "spec": ["decode_tps", "e2e_s", "accept_len"],
     "cache": ["ttft_s", "e2e_s"],
+    "wake": ["ttft_s", "e2e_s"],
     "rollback": ["round_s", "rollback_s"],
     "proxy": ["latency_p50_s", "latency_p99_s", "per_token_p50_s", "per_token_p99_s", "rps"],
 }
@@ -446,7 +448,7 @@ def render(runs: dict[str, Run], plot_dir: Path | None,
         "`docs/bench/results/*.json`.", "",
     ]
     names = [n for o in ORDER for n in ([o, *sorted(k for k in runs if k.startswith(o + "-"))]
-                                         if o in ("spec", "batching") else [o])]
+                                         if o in ("spec", "batching", "wake") else [o])]
     # The first comparison in report order names the machine (each section names its model).
     any_run = next((runs[n] for n in names if n in runs and runs[n].machine), None)
     if any_run:

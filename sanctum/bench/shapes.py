@@ -2,6 +2,9 @@
 
     --model shape:8b     a llama of an 8B model's shape (hidden 4096, 32 layers,
                          intermediate 14336, 32 heads, 8 KV heads), 4-bit, about 4 GB
+    --model shape:1b     a llama of a 1B model's shape (hidden 2048, 16 layers,
+                         intermediate 8192, 32 heads, 8 KV heads), 4-bit, about 0.6 GB
+                         (4 GB once a CPU seat dequantizes it to float32)
     --model shape:tiny   the same recipe at a toy size (tests)
 
 Built on first use with mlx-lm's own model class, `nn.quantize` and
@@ -16,10 +19,13 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 PREFIX = "shape:"
 SHAPES: dict[str, dict[str, int]] = {
     "8b": {"hidden_size": 4096, "num_hidden_layers": 32, "intermediate_size": 14336,
+           "num_attention_heads": 32, "num_key_value_heads": 8},
+    "1b": {"hidden_size": 2048, "num_hidden_layers": 16, "intermediate_size": 8192,
            "num_attention_heads": 32, "num_key_value_heads": 8},
     "tiny": {"hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256,
              "num_attention_heads": 4, "num_key_value_heads": 2},
@@ -55,10 +61,19 @@ def shape_model(name: str, root: Path | None = None, seed: int = 0) -> Path:
               "tie_word_embeddings": False, **SHAPES[name]}
     mx.random.seed(seed)
     model = llama.Model(llama.ModelArgs.from_dict(config))  # type: ignore[no-untyped-call]
-    for layer in (model.model.embed_tokens, *model.model.layers, model.lm_head):
-        mx.eval(layer.parameters())  # layer by layer: no graph of the whole model at once
     model.set_dtype(mx.bfloat16)  # the stored dtype of a real checkpoint's floats
-    nn.quantize(model, group_size=GROUP, bits=BITS)  # type: ignore[attr-defined]
+    # Part by part, each cast, quantized and evaluated before the next: the whole model
+    # in float32 (32 GB for 8b) never exists at once, so it builds in a small memory.
+    parts = ["model.embed_tokens", *(f"model.layers.{i}" for i in range(len(model.model.layers))),
+             "lm_head"]
+    for part in parts:
+        nn.quantize(model, group_size=GROUP, bits=BITS,  # type: ignore[attr-defined]
+                    class_predicate=lambda path, m, part=part: (
+                        (path == part or path.startswith(part + "."))
+                        and hasattr(m, "to_quantized")))
+        flat: Any = tree_flatten(model.parameters())
+        mx.eval([v for k, v in flat if k == part or k.startswith(part + ".")])
+    mx.eval(model.parameters())
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
