@@ -360,9 +360,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     _check_keys(config, report)
     lines, errors = _check_room(config)
     report.errors.extend(errors)
-    print(render(report))
-    if lines:
+    if lines:  # each seat's estimated size against the budget, then the verdict
         print("\n".join(lines))
+    print(render(report))
     return 1 if report.errors or report.fatal else 0
 
 

@@ -107,7 +107,8 @@ def test_sanctum_overrides_reach_the_generate_fields() -> None:
             b' "sanctum": {"prompt_cache": false, "kv": "q8", "draft_depth": 4, "solo": true}}')
     req, _, _ = parse_chat(body)
     assert overrides(req) == {"kv": "q8", "speculation": None, "prompt_cache": False,
-                              "draft_depth": 4, "solo": True}
+                              "draft_depth": 4, "solo": True,
+                              "keep_alive_s": None}
     with pytest.raises(BadRequest) as unknown:
         parse_chat(body.replace(b"prompt_cache", b"prompt_cash"))
     assert unknown.value.param == "sanctum.prompt_cash"
