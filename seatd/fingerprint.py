@@ -70,7 +70,7 @@ def beside(fp: str) -> str:
 
 
 def fingerprint(model: str, compute_dtype: str, kv: str, device: str, rule: str,
-                grid: int) -> str:
+                grid: int | str) -> str:
     """`fp_` and 16 hex digits naming (model digest, dtype, lane, stack, platform, rule)."""
     parts = [model, compute_dtype, kv, device, rule, str(grid),
              _version("mlx"), _version("mlx-lm"), _version("llguidance"), platform.system(),

@@ -291,8 +291,9 @@ class SeatWorker:
         spec = SeatSpeculation(self.config, self.seat, got.model, got.tokenizer_hash)
         digest = model_digest(path)
         device = fingerprint_device(backend())
+        # the prefill's chunks: the grid, cut at turn boundaries too (seatd.turns)
         prints = {kv: fingerprint(digest, got.compute_dtype, kv, device, KEYED_RULE,
-                                  PREFILL_CHUNK) for kv in ("fp16", "q8")}
+                                  f"{PREFILL_CHUNK}/turns") for kv in ("fp16", "q8")}
         cache = SeatPromptCache(self.seat, got.model)
         width = output_width(got.model)
         if spec.kind is not None and spec.unusable is None and spec.rollback.get("fp16") \
