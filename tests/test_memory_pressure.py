@@ -124,7 +124,9 @@ def test_sixteen_long_prompts_at_once_are_served_or_refused_never_failed(up: San
     assert len(served) + len(refused) == CLIENTS, [a[0] for a in answers]
     assert served, "no request was served"
     for body in served:
-        assert 1300 <= body["usage"]["prompt_tokens"] <= 1900, body["usage"]
+        # the 16 prompts run from about 1,280 to 1,530 tokens; which are served depends
+        # on who arrives first
+        assert 1200 <= body["usage"]["prompt_tokens"] <= 1900, body["usage"]
         assert body["choices"][0]["finish_reason"] == "length"
     for headers, body in refused:
         assert body["error"]["code"] == "overloaded" and headers.get("Retry-After")
