@@ -138,24 +138,27 @@ def test_three_on_demand_seats_with_room_for_two() -> None:
         served_by(s, "b")  # a (idle) sleeps for it, not c
         states_now = states(s)
         assert states_now["a"] == "sleeping" and states_now["c"] == "ready", states_now
-        # with b and c both busy there is no room for a: the one stated 503
-        other = Stream(s, "b")
-        other.start()
-        assert other.begun.wait(120) and other.error is None
-        assert story.is_alive() and other.is_alive()
+        story.join(300)
+        assert story.error is None and story.finish == "length", (story.error, story.last)
+        # with b and c both busy there is no room for a: the one stated 503 (two streams
+        # begun just now, so both are in flight when a is asked for)
+        busy = [Stream(s, "b"), Stream(s, "c")]
+        for stream in busy:
+            stream.start()
+        assert all(x.begun.wait(120) and x.error is None for x in busy)
+        assert all(x.is_alive() for x in busy)
         status, headers, body = ask(s, "a")
         assert status == 503 and body["error"]["code"] == "no_room", body
         assert "Retry-After" in headers
         message = body["error"]["message"]
         assert "at most 2 loaded" in message and "b " in message and "c " in message
-        story.join(300)
-        other.join(300)
-        assert story.error is None and story.finish == "length", (story.error, story.last)
-        assert other.error is None and other.finish == "length", (other.error, other.last)
+        for x in busy:
+            x.join(300)
+            assert x.error is None and x.finish == "length", (x.error, x.last)
         assert s.health()["seats"]["c"]["pid"] == pid_c  # never restarted under its stream
         counters = seatd_counters(s)
         assert counters["c"]["loads"] == 1 and counters["c"]["restarts"] == 0
-        assert counters["a"]["sleeps"]["room"] >= 2 and counters["a"]["loads"] == 2
+        assert counters["a"]["sleeps"]["room"] >= 2 and counters["a"]["loads"] >= 1
         assert counters["c"]["load_ms"] > 0
         metrics = http("GET", f"{s.url}/metrics")[2].decode()
         assert 'sanctum_seat_state{seat="a",state="sleeping"} 1.0' in metrics
