@@ -512,31 +512,29 @@ def test_unbounded_numbers_get_bounds_the_schema_did_not_set(schema: Any, want: 
     assert bounded_numbers(schema) == want
 
 
-def test_an_integer_a_schema_leaves_unbounded_has_at_most_16_digits(
-        seat: SeatGrammar, tok: TokenizerWrapper) -> None:
-    """A model that keeps writing digits cannot fill its budget with one number."""
-    schema = {"type": "object", "properties": {"days": {"type": "integer"}},
-              "required": ["days"], "additionalProperties": False}
-    m = seat.for_request(gen(response_format=schema_format(schema)))
-    assert m is not None
-    assert forbidden_char(tok, m, '{"days": ' + "1" * 16 + "}") is None
-    m = seat.for_request(gen(response_format=schema_format(schema)))
-    assert m is not None
-    at = forbidden_char(tok, m, '{"days": ' + "1" * 17 + "}")
-    assert at is not None and at <= len('{"days": ') + 16
+# (property schema, the value's head, digits after it that pass, digits that are refused,
+#  the last digit allowed as a position in the value)
+DIGIT_BOUNDS = [
+    ({"type": "integer"}, "", "1" * 16, "1" * 17, 16),
+    ({"type": "number"}, "0.5", "1" * 9, "1" * 12, len("0.") + 10),
+    ({"type": "number", "minimum": 0.25, "maximum": 0.75}, "0.5", "1" * 9, "1" * 12,
+     len("0.") + 10),
+]
 
 
-@pytest.mark.parametrize("bounds", [{}, {"minimum": 0.25, "maximum": 0.75}])
-def test_a_number_a_schema_leaves_unbounded_has_at_most_10_fraction_digits(
-        seat: SeatGrammar, tok: TokenizerWrapper, bounds: dict[str, float]) -> None:
-    """The fraction is bounded like the integer part, with or without the schema's own
-    range: ten digits pass, the eleventh is refused."""
-    schema = {"type": "object", "properties": {"p": {"type": "number", **bounds}},
-              "required": ["p"], "additionalProperties": False}
+@pytest.mark.parametrize("prop, head, passes, refused, last", DIGIT_BOUNDS)
+def test_a_number_a_schema_leaves_unbounded_has_bounded_digits(
+        seat: SeatGrammar, tok: TokenizerWrapper, prop: dict[str, Any], head: str, passes: str,
+        refused: str, last: int) -> None:
+    """A model that keeps writing digits cannot fill its budget with one number: an
+    integer has at most 16 digits, a number's fraction at most 10, with or without the
+    schema's own range."""
+    schema = {"type": "object", "properties": {"p": prop}, "required": ["p"],
+              "additionalProperties": False}
     m = seat.for_request(gen(response_format=schema_format(schema)))
     assert m is not None
-    assert forbidden_char(tok, m, '{"p": 0.5' + "1" * 9 + "}") is None
+    assert forbidden_char(tok, m, '{"p": ' + head + passes + "}") is None
     m = seat.for_request(gen(response_format=schema_format(schema)))
     assert m is not None
-    at = forbidden_char(tok, m, '{"p": 0.5' + "1" * 12 + "}")
-    assert at is not None and at <= len('{"p": 0.') + 10
+    at = forbidden_char(tok, m, '{"p": ' + head + refused + "}")
+    assert at is not None and at <= len('{"p": ') + last
