@@ -235,3 +235,64 @@ def test_a_connection_reset_before_the_head_is_tried_again() -> None:
     thread.join(10)
     assert seen == list(range(CONNECT_TRIES))
     assert not thread.is_alive()
+
+
+def test_the_bound_arm_runs_mlx_lm_forwards_in_a_process_it_stops() -> None:
+    """The bound: a real process on the demo's weights, measured at two batch sizes,
+    refusing a body it cannot run, with no process left after it."""
+    import json as _json
+    import urllib.error
+    import urllib.request
+
+    import psutil
+
+    from sanctum.bench import servers
+    from sanctum.bench.bound import BoundArm, bound_server
+    from shared.builtin import resolve_model
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with bound_server(str(resolve_model("builtin:demo")), servers.free_port()) as url:
+        arm = BoundArm(url, list(range(5, 25)), 4)
+        one, four = arm("c=1"), arm("c=4")
+        assert arm(PREFILL) == {}
+        req = urllib.request.Request(url + "/run", _json.dumps({"batch": 1}).encode(),
+                                     {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=60)
+        assert refused.value.code == 400 and "prompt" in refused.value.read().decode()
+    for got in (one, four):
+        assert set(got) == {"agg_tps", "prefill_ms", "step_ms"} and got["agg_tps"] > 0
+        # B rows of 4 tokens: the prefill's and 3 steps'.
+        rows = 4 if got is four else 1
+        assert got["agg_tps"] == pytest.approx(
+            rows * 4 * 1e3 / (got["prefill_ms"] + 3 * got["step_ms"]), rel=0.05)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_every_arm_reads_as_a_fraction_of_the_bound() -> None:
+    """With a bound arm, the table gives each server's share of it, and the summary the
+    plain seat's at 8 clients with its goal, and the default seat over the plain one."""
+    from sanctum.bench.batching import PLAIN
+    from sanctum.bench.bound import BOUND
+
+    speeds = {OURS: 90.0, PLAIN: 100.0, MLX: 80.0, BOUND: 125.0}
+    slots = make_schedule(list(speeds), ["c=1", "c=8"], 2, 0, seed=0)
+    clock = itertools.count(0.0)
+    samples = run_schedule(slots, {a: (lambda w, v=v: {"agg_tps": v}) for a, v in speeds.items()},
+                           run_id="x", clock=lambda: next(clock))
+    run = Run("x", "batching", "t", MLX, [ArmInfo(a, a) for a in speeds],
+              {"c=1": "", "c=8": ""}, 2, 0, 0, {"date": "d", "cores": "2", "model": "m"},
+              samples)
+    text = render({"batching": run}, None, plot=lambda r, p: False)
+    rows = [x for x in text.splitlines() if x.startswith("| 8 | sanctum plain | 100.0 |")]
+    # over mlx_lm.server, then of the bound
+    assert rows and rows[0].split("|")[4:6] == [" **1.25x** [1.25–1.25], n=2 ",
+                                                " **0.80x** [0.80–0.80], n=2 "]
+    bound = [x for x in text.splitlines() if " over the bound " in x]
+    # In the summary, only at the levels with a goal, the plain seat's with it.
+    assert bound and all("8 clients" in x for x in bound)
+    assert any(f"{PLAIN} over the bound" in x and "**0.80x**" in x and "≥ 0.85x" in x
+               for x in bound)
+    line = next(x for x in text.splitlines()
+                if x.startswith(f"| aggregate tokens/s, {OURS} over {PLAIN}, 1 client"))
+    assert "**0.90x**" in line and "≥ 0.97x" in line

@@ -14,6 +14,9 @@ Arms (one `sanctum up` with two seats and two mlx_lm.server processes, all up at
     mlx_lm.server draft  the same with --draft-model (a float32 copy of the drafter);
                          mlx-lm then serves one request at a time, so it is measured up
                          to DRAFT_MAX_CLIENTS clients and its other slots stay empty
+    bound                mlx-lm's bare loop of batched forwards at batch N on the weights
+                         the seat computes with (`sanctum.bench.bound`): every server's
+                         aggregate also reads as a fraction of it
 
 Workloads (groups of the schedule): `c=N` for each concurrency level, and PREFILL, a
 ~1,500-token prompt arriving among 7 decoding rows (sanctum.bench.concurrent says what
@@ -34,6 +37,7 @@ from typing import Any
 
 from sanctum.bench import options as O
 from sanctum.bench import servers
+from sanctum.bench.bound import BOUND, BoundArm, bound_server
 from sanctum.bench.concurrent import (
     CLIENT_TIMEOUT_S,
     PREFILL,
@@ -60,6 +64,9 @@ GOAL_VS_MLX = 1.0  # at every level
 GOAL_SPEC_VS_BEST = 1.2  # speculation on, 1 to 4 clients, over mlx-lm's faster mode
 GOAL_SCALING = 3.0  # 8 clients over 1
 GOAL_PREFILL = 0.5  # the long prefill at most doubles the rows' inter-token p99
+GOAL_VS_PLAIN = 0.97  # the default seat against its own plain path, at every level
+GOAL_BOUND = 0.85  # the plain seat at BOUND_LEVELS over the bound
+BOUND_LEVELS = (8, 16)
 
 
 def stem(opts: Options) -> str:
@@ -139,11 +146,12 @@ def batching(opts: Options) -> Run:
         murl = stack.enter_context(servers.mlx_lm_server(str(served), servers.free_port()))
         durl = stack.enter_context(servers.mlx_lm_server(
             str(served), servers.free_port(), draft=str(served_drafter), num_draft=mlx_depth))
+        burl = stack.enter_context(bound_server(str(path), servers.free_port()))
 
         def arm(u: str, name: str, seeded: bool, **kw: Any) -> ConcurrentArm:
             return ConcurrentArm(u, name, short, rows, long, tokens, t, seeded, **kw)
 
-        arms = {
+        arms: dict[str, tuple[str, Callable[[str], dict[str, float]]]] = {
             OURS: ("openai-compatible HTTP -> proxyd -> the demo seat as configured by "
                    "default (drafter, speculation on, adaptive depth)",
                    arm(url, "bench", True, seat="bench")),
@@ -156,6 +164,9 @@ def batching(opts: Options) -> Run:
                         f"measured up to {DRAFT_MAX_CLIENTS} clients",
                         arm(durl, str(served), False, max_clients=DRAFT_MAX_CLIENTS,
                             prefill=False)),
+            BOUND: ("mlx-lm's bare loop of batched forwards at batch N (greedy tokens fed "
+                    "back, no server), the seat's weights and dtype: the physical bound",
+                    BoundArm(burl, bound_prompt(tokenizer, short), tokens)),
         }
         names = [f"c={c}" for c in clients] + [PREFILL]
         run_id = new_run_id()
@@ -196,6 +207,19 @@ def batching(opts: Options) -> Run:
               samples, notes, extra={"clients": clients, "tokens": tokens, "temperature": t})
     print("\n".join(table(run)), flush=True)
     return run
+
+
+def bound_prompt(tokenizer: Any, short: Sequence[Workload]) -> list[int]:
+    """The bound's prompt: the short prompt of median length, as the seats get it (chat
+    ones through the model's chat template)."""
+    def ids(w: Workload) -> list[int]:
+        if w.kind == "chat" and getattr(tokenizer, "chat_template", None):
+            got = tokenizer.apply_chat_template(w.chat_messages(), add_generation_prompt=True)
+            return [int(t) for t in got]
+        return [int(t) for t in tokenizer.encode(w.prompt)]
+
+    prompts = sorted((ids(w) for w in short), key=len)
+    return prompts[len(prompts) // 2]
 
 
 def _progress(s: Sample) -> None:
@@ -272,6 +296,19 @@ def headline(run: Run) -> list[tuple[str, Summary, float | None]]:
                 out.append((f"aggregate tokens/s, {OURS} over mlx_lm.server's faster mode "
                             f"(batching or draft model), {_clients(c)}", summarize(r),
                             GOAL_SPEC_VS_BEST))
+    for c in levels(run):
+        r = pair_ratios(samples, "agg_tps", OURS, PLAIN, f"c={c}")
+        if r:
+            out.append((f"aggregate tokens/s, {OURS} over {PLAIN}, {_clients(c)}",
+                        summarize(r), GOAL_VS_PLAIN))
+    if BOUND in arms:  # the table has every level's; the summary the levels with a goal
+        for c in (c for c in levels(run) if c in BOUND_LEVELS):
+            for arm in (PLAIN, OURS):
+                r = pair_ratios(samples, "agg_tps", arm, BOUND, f"c={c}")
+                if r:
+                    goal = GOAL_BOUND if arm == PLAIN else None
+                    out.append((f"aggregate tokens/s, {arm} over the bound (mlx-lm's "
+                                f"batched forward loop), {_clients(c)}", summarize(r), goal))
     # The goal is the default seat's; the plain seat's and mlx_lm.server's own scaling
     # stand beside it (the default seat's 1 client speculates, so it starts higher).
     for arm in (OURS, PLAIN, MLX):
@@ -305,18 +342,21 @@ def table(run: Run) -> list[str]:
     arms = _arms(run)
     lines = ["Medians over the measured rounds of each slot's figures; the ratio is per "
              "pair (same round and level, back to back).", "",
-             f"| clients | arm | aggregate tok/s | over {MLX} | TTFT p50 | TTFT p99 "
-             "| inter-token p99 | slowest request | accelerated | rows per step |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"| clients | arm | aggregate tok/s | over {MLX} | of the bound | TTFT p50 "
+             "| TTFT p99 | inter-token p99 | slowest request | accelerated | rows per step |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in levels(run):
         w = f"c={c}"
         for arm in arms:
             if not figure_values(run.samples, "agg_tps", arm, w):
                 continue
-            r = pair_ratios(run.samples, "agg_tps", arm, MLX, w) if arm != MLX else []
+            r = pair_ratios(run.samples, "agg_tps", arm, MLX, w) \
+                if arm not in (MLX, BOUND) else []
+            b = pair_ratios(run.samples, "agg_tps", arm, BOUND, w) if arm != BOUND else []
             lines.append(
                 f"| {c} | {arm} | {_med(run, 'agg_tps', arm, w, lambda x: f'{x:.1f}')} "
                 f"| {fmt_ratio(summarize(r)) if r else '-'} "
+                f"| {fmt_ratio(summarize(b)) if b else '-'} "
                 f"| {_med(run, 'ttft_p50_s', arm, w, _seconds)} "
                 f"| {_med(run, 'ttft_p99_s', arm, w, _seconds)} "
                 f"| {_med(run, 'itl_p99_s', arm, w, _seconds)} "

@@ -179,13 +179,18 @@ def seat_cap(context_length: int, tokens: int) -> int:
 
 
 def float32_copy(path: Path, dest: Path) -> Path:
-    """The weights our seat computes with, saved for mlx_lm.server (same model, same dtype)."""
+    """The weights our seat computes with, saved for mlx_lm.server (same model, same dtype).
+    Off the CPU the seat computes the weights as stored (`seatd.model_load.choose_dtype`),
+    quantized ones included: mlx_lm.server then takes the folder itself (a copy saved
+    without its quantization config would not load)."""
     import json
 
     from mlx_lm.utils import save
 
-    from seatd.model_load import load_for_compute
+    from seatd.model_load import load_for_compute, on_cpu
 
+    if not on_cpu():
+        return path
     got = load_for_compute(path)
     if not got.was_quantized and stored_float32(path):
         return path
