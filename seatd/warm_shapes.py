@@ -11,12 +11,24 @@ compiles its shapes before it takes requests; so does a seat, on a GPU.
     warm_up(model, tokenizer, context_length, width, drafter_model) -> Warmed
 
 runs, through a throwaway batch engine (its step costs and prefill pace, learnt while
-compiling, are thrown away with it), one short request per verify width and
-temperature band: a lookup drafter pinned at each depth 1..LOOKUP_MAX_DEPTH (one that
-always finds that many tokens to propose: `Proposing`), and the model drafter pinned
-at each depth 1..MAX_DEPTH.  Each request alone, as a request at
-c=1 runs; a batch's shapes compile as batches meet them.  The seat's own figures
-(`seatd.speculation.SeatSpeculation`) are not touched: these requests have their own.
+compiling, are thrown away with it), requests alone, as a request at c=1 runs (a
+batch's shapes compile as batches meet them), in both temperature bands:
+
+- on CUDA, for each KV capacity up to WARM_CONTEXT tokens (the cache grows in steps
+  of `seatd.rows_cache.STEP` columns; elsewhere the first step only), one request
+  whose prompt fills the capacity's last step and whose lookup proposes every verify
+  width in turn, 16 down to a plain step (`Cycling`).  On CUDA (MLX 0.32.4, an H200,
+  demo pair) a width compiles again at each capacity: in-process, one request per
+  prompt length, the first round of a width at a new capacity took 45-110 ms, with
+  CUDA graphs or without, against 2-15 ms once compiled, and a second pass over the
+  same lengths met none.  A seat warmed at one short prompt lost a third of its time
+  on copy-heavy chats of 300-500 tokens to them (2.3 s of 7.0 s), a seat pinned at
+  one depth a tenth.  (Not yet measured through a seat with this sweep);
+- the model drafter pinned at each depth 1..MAX_DEPTH, on a short prompt.
+
+A prompt past WARM_CONTEXT compiles its shapes as it meets them.  The seat's own
+figures (`seatd.speculation.SeatSpeculation`) are not touched: these requests have
+their own.
 
 The CPU has no such first-run cost worth a start-up (MLX's CPU kernels are built
 ahead of time), so `wanted(backend)` is False there, and an operator may turn the
@@ -38,6 +50,7 @@ from seatd.drafters import MATCH_CAP, LookupDrafter, ModelDrafter, match_key
 from seatd.engine_io import Transcript, Work
 from seatd.engine_types import Speculation
 from seatd.kv_budget import KVBudget
+from seatd.rows_cache import STEP
 from shared.protocol import Generate, SamplingParams
 
 log = structlog.get_logger()
@@ -45,6 +58,9 @@ log = structlog.get_logger()
 TEXT = ("Sanctum warms its shapes: one two three four five six seven eight nine ten "
         "eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen.")
 BANDS = ((0.0, None), (0.7, 0))  # (temperature, seed): greedy, and seeded sampling
+WARM_CONTEXT = 2048  # KV capacities warmed, in tokens: a household chat's turns
+CYCLE = tuple(range(LOOKUP_MAX_DEPTH, -1, -1))  # `Cycling`'s widths less one, 0: plain
+LEAD = 8  # a capacity's request starts this many tokens into the capacity's last step
 OFF_VALUES = frozenset({"0", "off", "false", "no"})
 
 
@@ -58,6 +74,34 @@ class Proposing(LookupDrafter):
     def find(self, k: int) -> list[int]:
         self.matched, self.key = MATCH_CAP, match_key(MATCH_CAP)
         return self.context[:k]
+
+
+class Cycling(Proposing):
+    """A `Proposing` lookup whose rounds go through every depth in turn (`CYCLE`): the
+    next depth each time it is asked with a context that grew since it was last asked
+    (a round may ask twice), so one request runs every verify width at the capacity its
+    prompt sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.turn, self.asked_at = -1, -1
+
+    def find(self, k: int) -> list[int]:
+        if len(self.context) != self.asked_at:
+            self.turn, self.asked_at = self.turn + 1, len(self.context)
+        n = CYCLE[self.turn % len(CYCLE)]
+        return super().find(min(k, n)) if n else []
+
+
+@dataclass(frozen=True)
+class Run:
+    """One warm-up request: its drafter ("lookup": `Cycling`; "model": the seat's
+    drafter), pinned depth, sampling, and prompt length in tokens."""
+
+    kind: str
+    depth: int
+    params: SamplingParams
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -75,30 +119,50 @@ def wanted(backend: str, environ: dict[str, str] | None = None) -> bool:
     return backend in ("cuda", "metal")
 
 
-def plan(drafter: bool) -> list[tuple[str, int, SamplingParams]]:
-    """(drafter kind, pinned depth, params) of each warm-up request, widest first (its
-    prompt's prefill compiles once, before the rest).  Pure."""
-    runs: list[tuple[str, int, SamplingParams]] = []
-    kinds = [("lookup", LOOKUP_MAX_DEPTH)] + ([("model", MAX_DEPTH)] if drafter else [])
-    for kind, top in kinds:
-        for depth in range(top, 0, -1):
+def capacities(context_length: int, backend: str = "cuda") -> list[int]:
+    """The KV capacities a warm-up visits: on CUDA each step of the cache up to
+    WARM_CONTEXT or the context, whichever is less; elsewhere the first step only (a
+    compile per capacity was measured on CUDA alone; on Metal, which this machine has
+    not, a longer warm-up would cost a start-up for nothing seen).  Pure."""
+    top = min(context_length, WARM_CONTEXT)
+    if backend != "cuda":
+        return [STEP]
+    return list(range(STEP, top + 1, STEP)) or [STEP]
+
+
+def plan(drafter: bool, context_length: int = WARM_CONTEXT,
+         backend: str = "cuda") -> list[Run]:
+    """Each warm-up request, the longest prompt first (the prefill's own shapes compile
+    before the rest).  Pure."""
+    runs: list[Run] = []
+    rounds = 2 * len(CYCLE)  # every width, with room for rounds that kept a token
+    for cap in reversed(capacities(context_length, backend)):
+        prompt = max(cap - STEP + LEAD, 2 * LOOKUP_MAX_DEPTH)
+        prompt = min(prompt, context_length - rounds * 2)
+        for temperature, seed in BANDS:
+            runs.append(Run("lookup", LOOKUP_MAX_DEPTH,
+                            SamplingParams(temperature=temperature, seed=seed,
+                                           max_tokens=rounds), prompt))
+    if drafter:
+        for depth in range(MAX_DEPTH, 0, -1):
             for temperature, seed in BANDS:
                 # the round drafts `depth` tokens when at least depth + 2 are left
-                runs.append((kind, depth, SamplingParams(temperature=temperature, seed=seed,
-                                                         max_tokens=depth + 2)))
+                runs.append(Run("model", depth, SamplingParams(
+                    temperature=temperature, seed=seed, max_tokens=depth + 2),
+                    2 * LOOKUP_MAX_DEPTH))
     return runs
 
 
-def prompt_ids(tokenizer: Any) -> list[int]:
+def prompt_ids(tokenizer: Any, length: int) -> list[int]:
+    """TEXT's tokens repeated to `length`."""
     ids = list(tokenizer.encode(TEXT))
-    while len(ids) <= LOOKUP_MAX_DEPTH:  # enough tokens for the deepest round
+    while len(ids) < length:
         ids += ids
-    return ids
+    return ids[:length]
 
 
 def warm_up(model: Any, tokenizer: Any, context_length: int, width: int,
-            drafter_model: Any = None,
-            runs: list[tuple[str, int, SamplingParams]] | None = None) -> Warmed:
+            drafter_model: Any = None, runs: list[Run] | None = None) -> Warmed:
     """Compile the seat's c=1 decode shapes through a throwaway engine (see the module's
     docstring).  Never raises for a request's error: a shape that fails here fails the
     same way for a client, whose request the seat then declines or fails as it would."""
@@ -106,24 +170,28 @@ def warm_up(model: Any, tokenizer: Any, context_length: int, width: int,
 
     t0 = time.perf_counter()
     engine = Engine(model, tokenizer, context_length, width, 1, KVBudget(1 << 40))
-    prompt = prompt_ids(tokenizer)
     failed = 0
-    runs = plan(drafter_model is not None) if runs is None else runs
+    if runs is None:
+        from seatd.backend import backend
+
+        runs = plan(drafter_model is not None, context_length, backend())
     seen = Transcript()
-    for i, (kind, depth, params) in enumerate(runs):
-        drafter = ModelDrafter(drafter_model) if kind == "model" else Proposing()
-        spec = Speculation(drafter, depth, DepthStats())
-        request = Generate(f"warm-{i}", False, params, prompt=TEXT,
-                           speculation=True, draft_depth=depth, prompt_cache=False)
-        engine.submit(Work(request, prompt, "fp16", spec=spec))
+    for i, run in enumerate(runs):
+        drafter = ModelDrafter(drafter_model) if run.kind == "model" else Cycling()
+        spec = Speculation(drafter, run.depth, DepthStats(max_depth=run.depth))
+        request = Generate(f"warm-{i}", False, run.params, prompt=TEXT,
+                           speculation=True, draft_depth=run.depth, prompt_cache=False)
+        engine.submit(Work(request, prompt_ids(tokenizer, run.prompt_tokens), "fp16",
+                           spec=spec))
         while request.request_id not in seen.ended:
             engine.step()
             seen.read(engine.outbox)
         error = seen.error(request.request_id)
         if error is not None:
             failed += 1
-            log.warning("warm_up_request_failed", kind=kind, depth=depth,
-                        temperature=params.temperature, error=repr(error))
+            log.warning("warm_up_request_failed", kind=run.kind, depth=run.depth,
+                        prompt_tokens=run.prompt_tokens,
+                        temperature=run.params.temperature, error=repr(error))
     seconds = time.perf_counter() - t0
     log.info("shapes_warmed", requests=len(runs), failed=failed, seconds=round(seconds, 3))
     return Warmed(len(runs), failed, seconds)

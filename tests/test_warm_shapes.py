@@ -28,47 +28,86 @@ def test_which_backends_warm_up(backend: str, environ: dict[str, str], expected:
     assert warm_shapes.wanted(backend, environ) is expected
 
 
-def test_the_plan_covers_every_width_in_both_bands() -> None:
-    lookup = warm_shapes.plan(False)
-    assert {(d, p.temperature > 0) for _, d, p in lookup} == {
-        (d, s) for d in range(1, LOOKUP_MAX_DEPTH + 1) for s in (False, True)}
-    assert {k for k, _, _ in lookup} == {"lookup"}
-    both = warm_shapes.plan(True)
-    assert {(d, p.temperature > 0) for k, d, p in both if k == "model"} == {
+@pytest.mark.parametrize(("context", "caps"), [
+    (2048, [256, 512, 768, 1024, 1280, 1536, 1792, 2048]),
+    (32768, [256 * k for k in range(1, 9)]),  # past WARM_CONTEXT: met as it comes
+    (300, [256]),
+    (100, [256]),  # a context under one step: that step
+])
+def test_the_capacities_warmed(context: int, caps: list[int]) -> None:
+    assert warm_shapes.capacities(context) == caps
+    # measured on CUDA only: elsewhere the first step
+    assert warm_shapes.capacities(context, "metal") == [256]
+    assert len(warm_shapes.plan(False, context, "metal")) == 2
+
+
+def test_the_plan_covers_every_capacity_and_the_model_drafters_depths_in_both_bands(
+        ) -> None:
+    lookup = warm_shapes.plan(False, 2048)
+    assert {r.kind for r in lookup} == {"lookup"}
+    # one request per capacity and band, its prompt in the capacity's last step, longest first
+    assert [r.prompt_tokens for r in lookup[::2]] == [1800, 1544, 1288, 1032, 776, 520,
+                                                      264, 30]
+    assert all(r.prompt_tokens + r.params.max_tokens <= 2048 for r in lookup)
+    assert {(r.prompt_tokens, r.params.temperature > 0) for r in lookup} == {
+        (p, s) for p in (1800, 1544, 1288, 1032, 776, 520, 264, 30) for s in (False, True)}
+    both = warm_shapes.plan(True, 2048)
+    assert {(r.depth, r.params.temperature > 0) for r in both if r.kind == "model"} == {
         (d, s) for d in range(1, MAX_DEPTH + 1) for s in (False, True)}
-    # each request leaves room for a round of its depth after its first token
-    assert all(p.max_tokens == d + 2 for _, d, p in both)
-    assert all(p.seed is not None for _, _, p in both if p.temperature > 0)
+    # a model drafter's request leaves room for a round of its depth after its first token
+    assert all(r.params.max_tokens == r.depth + 2 for r in both if r.kind == "model")
+    assert all(r.params.seed is not None for r in both if r.params.temperature > 0)
 
 
-def test_the_warm_up_runs_each_planned_width_through_the_engine(
+def test_the_warm_up_runs_every_width_at_each_capacity_through_the_engine(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from seatd.engine_types import output_width
     from seatd.model_load import load_for_compute
 
     target = load_for_compute(target_dir(), None)
     drafter = load_for_compute(drafter_dir(), None)
-    verified: list[tuple[int, float, str]] = []
+    verified: list[tuple[int, float, str, int]] = []
     verify = Engine._verify_step
 
     def counting(self: Engine, lane: Any, depths: list[int], split: Any = None) -> Any:
         row = lane.rows[0]
-        verified.append((depths[0], row.params.temperature, type(row.work.spec.drafter).__name__))
-        return verify(self, lane, depths, split)
+        before = len(verified)
+        out = verify(self, lane, depths, split)
+        capacity = lane.cache.kv_layers[0].keys[0][0].shape[2]
+        verified.insert(before, (depths[0], row.params.temperature,
+                                 type(row.work.spec.drafter).__name__, capacity))
+        return out
 
     monkeypatch.setattr(Engine, "_verify_step", counting)
-    full = warm_shapes.plan(True)
-    runs = [r for r in full if r[0] == "lookup" and r[1] in (2, LOOKUP_MAX_DEPTH)] + \
-        [r for r in full if r[0] == "model" and r[1] == 3]
+    full = warm_shapes.plan(True, target.context_length)
+    runs = [r for r in full if r.kind == "lookup" and r.prompt_tokens in (30, 264)] + \
+        [r for r in full if r.kind == "model" and r.depth == 3]
     warmed = warm_shapes.warm_up(target.model, target.tokenizer, target.context_length,
                                  output_width(target.model), drafter.model, runs)
     assert warmed.requests == len(runs) == 6 and warmed.failed == 0
-    # each planned width ran (a request's later round, nearer its end, runs narrower)
-    assert set(verified) >= {
-        (2, 0.0, "Proposing"), (2, 0.7, "Proposing"),
-        (LOOKUP_MAX_DEPTH, 0.0, "Proposing"), (LOOKUP_MAX_DEPTH, 0.7, "Proposing"),
-        (3, 0.0, "ModelDrafter"), (3, 0.7, "ModelDrafter")}
-    assert max(d for d, _, kind in verified if kind == "ModelDrafter") == 3
+    # every verify width at both capacities, in both bands, each at its own capacity
+    for cap in (256, 512):
+        for t in (0.0, 0.7):
+            assert {d for d, temp, kind, c in verified
+                    if kind == "Cycling" and temp == t and c == cap} >= set(
+                range(1, LOOKUP_MAX_DEPTH + 1)), (cap, t)
+    # the model drafter at its depth (a request's later round, nearer its end, runs narrower)
+    assert {(d, t) for d, t, kind, _ in verified if kind == "ModelDrafter"} >= {
+        (3, 0.0), (3, 0.7)}
+    assert max(d for d, _, kind, _ in verified if kind == "ModelDrafter") == 3
+
+
+def test_a_cycling_lookup_asks_for_every_depth_in_turn() -> None:
+    lookup = warm_shapes.Cycling()
+    lookup.start(list(range(100, 132)))  # 32 tokens: the cycle's first depth is 15
+    widths = []
+    for _ in range(len(warm_shapes.CYCLE)):
+        got = lookup.find(LOOKUP_MAX_DEPTH)
+        assert got == lookup.find(LOOKUP_MAX_DEPTH)  # a round asks the same twice
+        widths.append(len(got))
+        lookup.extend([7, 8, 9])  # a round that kept two tokens: the next depth all the same
+    assert sorted(widths) == list(range(LOOKUP_MAX_DEPTH + 1))
+    assert lookup.find(3) == [100, 101, 102]  # never more than asked
 
 
 def test_a_proposing_lookup_always_finds_what_it_is_asked_for() -> None:
