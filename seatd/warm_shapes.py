@@ -124,10 +124,9 @@ def capacities(context_length: int, backend: str = "cuda") -> list[int]:
     WARM_CONTEXT or the context, whichever is less; elsewhere the first step only (a
     compile per capacity was measured on CUDA alone; on Metal, which this machine has
     not, a longer warm-up would cost a start-up for nothing seen).  Pure."""
-    top = min(context_length, WARM_CONTEXT)
     if backend != "cuda":
         return [STEP]
-    return list(range(STEP, top + 1, STEP)) or [STEP]
+    return list(range(STEP, min(context_length, WARM_CONTEXT) + 1, STEP)) or [STEP]
 
 
 def plan(drafter: bool, context_length: int = WARM_CONTEXT,
@@ -137,8 +136,8 @@ def plan(drafter: bool, context_length: int = WARM_CONTEXT,
     runs: list[Run] = []
     rounds = 2 * len(CYCLE)  # every width, with room for rounds that kept a token
     for cap in reversed(capacities(context_length, backend)):
-        prompt = max(cap - STEP + LEAD, 2 * LOOKUP_MAX_DEPTH)
-        prompt = min(prompt, context_length - rounds * 2)
+        # within the capacity's last step, long enough to propose from, leaving room
+        prompt = min(max(cap - STEP + LEAD, 2 * LOOKUP_MAX_DEPTH), context_length - rounds)
         for temperature, seed in BANDS:
             runs.append(Run("lookup", LOOKUP_MAX_DEPTH,
                             SamplingParams(temperature=temperature, seed=seed,

@@ -296,3 +296,17 @@ def test_every_arm_reads_as_a_fraction_of_the_bound() -> None:
     line = next(x for x in text.splitlines()
                 if x.startswith(f"| aggregate tokens/s, {OURS} over {PLAIN}, 1 client"))
     assert "**0.90x**" in line and "≥ 0.97x" in line
+
+
+def test_the_bound_prompt_is_the_median_short_prompt_as_the_seats_get_it() -> None:
+    from sanctum.bench.batching import bound_prompt
+    from shared.builtin import resolve_model
+    from shared.prompt import load_tokenizer
+
+    tok = load_tokenizer(resolve_model("builtin:demo"))
+    short = [Workload("a", "d", "completion", prompt="x = 1\n" * n) for n in (2, 30, 9)]
+    chat = Workload("c", "d", "chat", messages=(("user", "y = 2\n" * 9),))
+    assert bound_prompt(tok, short) == tok.encode("x = 1\n" * 9)
+    # a chat goes through the template: its text, framed, the answer's turn opened
+    ids = chat.token_ids(tok)
+    assert len(ids) > len(tok.encode("y = 2\n" * 9)) and "y = 2" in tok.decode(ids)

@@ -138,13 +138,7 @@ class InProcessArm:
         self.calls: Counter[str] = Counter()
 
     def tokens(self, w: Workload) -> list[int]:
-        tok = self.loaded.tokenizer
-        if w.kind == "chat":
-            ids = tok.apply_chat_template(  # type: ignore[no-untyped-call]  # mlx-lm is untyped
-                w.chat_messages(), add_generation_prompt=True,
-                                          tokenize=True)
-            return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-        return list(tok.encode(w.prompt))
+        return w.token_ids(self.loaded.tokenizer)
 
     def __call__(self, name: str) -> dict[str, float]:
         import mlx.core as mx

@@ -210,15 +210,8 @@ def batching(opts: Options) -> Run:
 
 
 def bound_prompt(tokenizer: Any, short: Sequence[Workload]) -> list[int]:
-    """The bound's prompt: the short prompt of median length, as the seats get it (chat
-    ones through the model's chat template)."""
-    def ids(w: Workload) -> list[int]:
-        if w.kind == "chat" and getattr(tokenizer, "chat_template", None):
-            got = tokenizer.apply_chat_template(w.chat_messages(), add_generation_prompt=True)
-            return [int(t) for t in got]
-        return [int(t) for t in tokenizer.encode(w.prompt)]
-
-    prompts = sorted((ids(w) for w in short), key=len)
+    """The bound's prompt: the short prompt of median length, as the seats get it."""
+    prompts = sorted((w.token_ids(tokenizer) for w in short), key=len)
     return prompts[len(prompts) // 2]
 
 

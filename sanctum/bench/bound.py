@@ -7,8 +7,9 @@ together, then `tokens` steps of one forward of all B rows through mlx-lm's own 
 cache (`mlx_lm.models.cache.make_prompt_cache`), each step's greedy token fed to the
 next (evaluated asynchronously, as mlx-lm's `generate_step` does), on the weights our
 seat computes with (`seatd.model_load.load_for_compute`: the same model, the same
-dtype).  No HTTP, no scheduling, no sampling rule, no stop check: what is left of a
-server's figure over this one is its own work.
+dtype, and the attention the seat computes exactly on this backend).  No HTTP, no
+scheduling, no sampling rule, no stop check: what is left of a server's figure over
+this one is its own work.
 
     agg_tps     B * tokens / seconds from the prefill's start to the last token, as a
                 server's aggregate counts its requests' tokens over its slot's wall time
@@ -34,7 +35,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 from sanctum.bench.concurrent import PREFILL
@@ -100,9 +101,7 @@ def serve(model_dir: str, port: int) -> None:
             pass
 
     # One measurement at a time, as every arm of the schedule.
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    server.daemon_threads = True
-    server.serve_forever()
+    HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 
 
 @contextmanager

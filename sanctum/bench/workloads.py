@@ -26,6 +26,7 @@ import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HELDOUT_MOD = 20  # the demo corpus's rule; keep in step with deploy/demo_models/corpus.py
 REPO_HELDOUT = Path(__file__).resolve().parents[2] / "tests" / "data" / "heldout"
@@ -46,6 +47,15 @@ class Workload:
 
     def chat_messages(self) -> list[dict[str, str]]:
         return [{"role": r, "content": c} for r, c in self.messages]
+
+    def token_ids(self, tokenizer: Any) -> list[int]:
+        """The prompt's tokens as a model gets them in-process: a chat through the
+        tokenizer's chat template (its generation prompt added), a completion as it is."""
+        if self.kind == "chat":
+            ids = tokenizer.apply_chat_template(self.chat_messages(),
+                                                add_generation_prompt=True, tokenize=True)
+            return [int(t) for t in (ids["input_ids"] if isinstance(ids, dict) else ids)]
+        return [int(t) for t in tokenizer.encode(self.prompt)]
 
     def salted(self, k: int) -> Workload:
         """The k-th request of this workload, with a short distinct first line.
