@@ -63,7 +63,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -250,6 +250,9 @@ class Engine:
         # thread: next() on a count holds the GIL): which rows were already decoding
         # when a request arrived (`batch_policy.paced`).
         self.order = itertools.count(1)
+        # Work for the thread when no request has any (`seatd.warm_shapes.Warming.step`):
+        # one short step a call, False once done.  A request then waits one such step.
+        self.idle: Callable[[], bool] | None = None
 
     # -- the worker's side (any thread): `seatd.engine_io` ----------------------
 
@@ -286,9 +289,22 @@ class Engine:
                 log.exception("engine_step_failed", request_ids=self.active)
                 self._fail_all(exc)
                 busy = True
+            if not busy and self.idle is not None:
+                busy = self._idle_step(self.idle)
             if not busy:
                 self.wake.wait(0.05)
                 self.wake.clear()
+
+    def _idle_step(self, idle: Callable[[], bool]) -> bool:
+        """One step of the idle work, between requests' steps; its end, or its error
+        (logged: it costs what it was for, never a request), ends it."""
+        try:
+            if idle():
+                return True
+        except Exception as exc:
+            log.warning("idle_work_failed", error=repr(exc))
+        self.idle = None
+        return False
 
     def _fail_all(self, error: BaseException) -> None:
         rows = [*self.joining, *(r for lane in self.lanes.values() for r in lane.rows)]
@@ -813,6 +829,10 @@ class Engine:
                 # a verify step that drafted nothing is no round of any depth
                 observe(stats, row.draft.drafted if drafted else 0,
                         row.draft.last_kept if drafted else 0, elapsed)
+                if drafted and spec.lookup_rounds is not None and self._by_class(row, spec):
+                    # a lookup round: its time for every class (`lookup_policy`)
+                    observe(spec.lookup_rounds, row.draft.drafted, row.draft.last_kept,
+                            elapsed)
 
     def _wanted(self, row: Row) -> tuple[int, float]:
         """(depth, expected tokens) of this row's next round as its own policy sees it;
@@ -1325,12 +1345,18 @@ class Engine:
     def _figures(row: Row, spec: Speculation) -> tuple[DepthStats | None, RoundPolicy | None]:
         """The seat's figures and the request's policy that this row's last round counts
         for: a lookup round's, by the class of the match it drafted from."""
-        keyed = row.draft.by_lookup or (isinstance(spec.drafter, LookupDrafter)
-                                  and spec.lookup_policies is not None)
-        if keyed and spec.lookup_stats is not None and spec.lookup_policies is not None:
+        if Engine._by_class(row, spec) and spec.lookup_stats is not None \
+                and spec.lookup_policies is not None:
             key = row.draft.lookup_key
             return spec.lookup_stats.get(key), spec.lookup_policies.get(key)
         return spec.stats, spec.policy
+
+    @staticmethod
+    def _by_class(row: Row, spec: Speculation) -> bool:
+        """Whether the row's last round counts by its lookup match's class: drafted by
+        the lookup beside a model drafter, or by a lookup drafting alone."""
+        return row.draft.by_lookup or (isinstance(spec.drafter, LookupDrafter)
+                                       and spec.lookup_policies is not None)
 
     def _batch_of(self, row: Row) -> list[Row]:
         lane = self.lanes.get(row.lane)

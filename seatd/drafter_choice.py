@@ -22,7 +22,13 @@ never which; `seatd.verify`).
 Round times of the lookup drafter (`lookup_times`): measured where its rounds ran, a
 line through them where two depths ran, else the model drafter's round time at that
 depth less its drafting as the cost model measured it (`seatd.spec_costs`: verify plus
-host), else the model drafter's whole round, an upper bound.
+host), else the model drafter's whole round, an upper bound.  A round's time depends on
+its width, not on how far back its match reached: the times come from the seat's lookup
+rounds of every class together (`lookup_policy`'s `rounds`), the acceptance from the
+class's own.  Kept per class, 16 depths' times over five classes were too few rounds
+each: in a traced run on an H200 a class's figures were two to five times a round's real
+time (a depth-3 round priced at 10.5 ms, compiling rounds of new shapes among a handful
+of others), and the seat stepped plainly through copies that a pinned depth 3 drafted.
 
 A lookup may draft deeper than the model drafter (`LOOKUP_MAX_DEPTH`): its round costs
 only the verify, and where the answer copies its context a match runs on for many
@@ -127,7 +133,10 @@ def lookup_times(model_times: tuple[float, ...], stats: DepthStats,
 
 
 def lookup_policy(model_times: tuple[float, ...], stats: DepthStats,
-                  estimate: Sequence[float | None] = ()) -> RoundPolicy:
-    """A request's lookup policy: the seat's lookup figures as its prior."""
-    times = lookup_times(model_times, stats, estimate)
+                  estimate: Sequence[float | None] = (),
+                  rounds: DepthStats | None = None) -> RoundPolicy:
+    """A request's lookup policy for one match class: the seat's figures of the class
+    (`stats`) as its prior acceptance; round times from `rounds`, the seat's lookup
+    rounds of every class (None: the class's own).  Pure."""
+    times = lookup_times(model_times, rounds if rounds is not None else stats, estimate)
     return RoundPolicy(times, tuple(stats.accept[: len(times) - 1]))

@@ -81,6 +81,8 @@ class Speculation:
     lookup: LookupDrafter | None = None
     lookup_stats: dict[int, DepthStats] | None = None
     lookup_policies: dict[int, RoundPolicy] | None = None
+    # the seat's lookup rounds of every class, for their times (`lookup_policy`)
+    lookup_rounds: DepthStats | None = None
     costs: SpecCosts | None = None  # the seat's cost model (`seatd.spec_costs`)
     # match classes whose first match drafts at once (`seatd.speculation.TRUSTED_ROUNDS`)
     lookup_trusted: frozenset[int] = frozenset()

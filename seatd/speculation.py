@@ -76,6 +76,9 @@ class SeatSpeculation:
         # on it), then by match class
         self.lookup_stats = {sampled: {n: DepthStats(max_depth=LOOKUP_MAX_DEPTH)
                                        for n in MATCH_KEYS} for sampled in (False, True)}
+        # ... and the times of those rounds, every class together (`lookup_policy`)
+        self.lookup_rounds = {sampled: DepthStats(max_depth=LOOKUP_MAX_DEPTH)
+                              for sampled in (False, True)}
         self.costs = SpecCosts()  # measured by the engine on rounds of a request alone
         self.drafter_model: Any = None
         self.unusable: str | None = None
@@ -133,8 +136,9 @@ class SeatSpeculation:
                 else LookupDrafter()
             return Speculation(drafter, depth, stats, costs=self.costs)
         estimate = [self.costs.round(k, lookup=True) for k in range(LOOKUP_MAX_DEPTH + 1)]
-        figures = self.lookup_stats[sampled]
-        policies = {n: lookup_policy(policy.seconds, s, estimate) for n, s in figures.items()}
+        figures, rounds = self.lookup_stats[sampled], self.lookup_rounds[sampled]
+        policies = {n: lookup_policy(policy.seconds, s, estimate, rounds)
+                    for n, s in figures.items()}
         # Classes the seat has drafted or judged enough rounds of: a request's first match
         # of one drafts at the seat's figures (its policy's prior, as of now); of any
         # other, it is judged first.
@@ -150,9 +154,9 @@ class SeatSpeculation:
             return Speculation(LookupDrafter(max_ngram=n, min_ngram=n), LOOKUP_MAX_DEPTH,
                                figures[n], policy=policies[n],
                                lookup_stats=figures, lookup_policies=policies,
-                               costs=self.costs, lookup_trusted=trusted)
+                               lookup_rounds=rounds, costs=self.costs, lookup_trusted=trusted)
         # Each round may draft by lookup instead of the model (`seatd.drafter_choice`).
         return Speculation(ModelDrafter(self.drafter_model), depth, stats, policy=policy,
                            lookup=LookupDrafter(max(LOOKUP_ORDERS), min(LOOKUP_ORDERS)),
                            lookup_stats=figures, lookup_policies=policies,
-                           costs=self.costs, lookup_trusted=trusted)
+                           lookup_rounds=rounds, costs=self.costs, lookup_trusted=trusted)

@@ -11,6 +11,7 @@ from seatd.drafter_choice import (
     Choice,
     choose,
     extend_times,
+    lookup_policy,
     lookup_times,
     trusts,
 )
@@ -105,6 +106,22 @@ def test_lookup_times_from_its_own_rounds_then_the_cost_model_then_the_model() -
     one = DepthStats(seconds={3: 0.030})  # one depth measured: it, and guesses elsewhere
     got = lookup_times(model_times(), one, estimate)
     assert got[3] == 0.030 and got[5] == pytest.approx(VERIFY[5] + 0.001)
+
+
+def test_a_class_takes_its_round_times_from_the_seats_lookup_rounds_of_every_class() -> None:
+    """A round's time depends on its width, not on the class of its match: a class whose
+    few rounds met compiling steps (its figures several times the real ones) is priced by
+    the seat's lookup rounds together, and keeps its own acceptance."""
+    spiky = DepthStats(max_depth=LOOKUP_MAX_DEPTH, accept=[0.9] * LOOKUP_MAX_DEPTH,
+                       seconds={1: 0.150, 2: 0.200, 3: 0.240})
+    rounds = DepthStats(max_depth=LOOKUP_MAX_DEPTH,
+                        seconds={k: 0.041 + 0.002 * k for k in range(1, 9)})
+    got = lookup_policy(model_times(), spiky, (), rounds)
+    assert got.seconds == lookup_times(model_times(), rounds)
+    assert got.seconds[3] == pytest.approx(0.047) and got.prior[0] == 0.9
+    assert got.best(0, 8) > 0  # priced right, the copy drafts
+    alone = lookup_policy(model_times(), spiky)  # by its own figures it would not
+    assert alone.seconds[3] == pytest.approx(0.240) and alone.best(0, 8) == 0
 
 
 @pytest.mark.parametrize(("times", "top", "want"), [

@@ -119,6 +119,12 @@ def test_copy_drafts_by_lookup_and_keeps_its_bytes(target: Any, params: Sampling
     # greedy and sampled requests.
     sampled = params.temperature > 0
     assert not any(s.rounds for s in spec.lookup_stats[not sampled].values())
+    # Each lookup round's time also counts for the seat's lookup rounds of every class.
+    pooled = spec.lookup_rounds[sampled]
+    assert sum(pooled.timed.values()) == sum(
+        c for s in spec.lookup_stats[sampled].values() for d, c in s.timed.items() if d > 0)
+    assert not spec.lookup_rounds[not sampled].timed
+    assert sum(pooled.timed.values()) > 0 or params.temperature > 0
     assert spec.bands[sampled].rounds > 0 and spec.bands[not sampled].rounds == 0
     assert sum(r for r, _, _ in report.by_drafter.values()) == report.drafts
     assert sum(k for _, _, k in report.by_drafter.values()) == report.accepted_tokens
