@@ -14,8 +14,10 @@ follows the default device, so a test that moves it to the CPU is answered for t
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping
+import re
+from collections.abc import Mapping, MutableMapping
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -30,10 +32,30 @@ import mlx.core as mx
 CUDA_GRAPH_CACHE = 2048
 
 
-def seat_environment(environ: MutableMapping[str, str] = os.environ) -> None:
+def seat_environment(environ: MutableMapping[str, str] = os.environ,
+                     gpu: str | None = None, device: str | None = None) -> None:
     """MLX settings for a seat process, set before its first step; a value the operator
-    set stays."""
+    set stays.  `gpu`, `device`: this process's GPU backend and device name (default:
+    asked of MLX).
+
+    On CUDA, MLX compiles its kernels with NVRTC at their first use and keeps them in
+    `MLX_PTX_CACHE_DIR`, by default under the system's temporary directory, which a
+    reboot empties: a speculating seat's warm-up (`seatd.warm_shapes`), which compiles
+    most of them, took 104 s on a fresh H100.  A seat keeps them in the user's cache
+    directory instead, one folder per MLX version and device (kernels built for one
+    GPU architecture must not be handed to another)."""
     environ.setdefault("MLX_CUDA_GRAPH_CACHE_SIZE", str(CUDA_GRAPH_CACHE))
+    if (gpu if gpu is not None else _gpu_kind()) == "cuda":
+        environ.setdefault("MLX_PTX_CACHE_DIR", str(ptx_cache_dir(
+            environ, device if device is not None else device_name())))
+
+
+def ptx_cache_dir(environ: Mapping[str, str], device: str) -> Path:
+    """Where a seat keeps MLX's compiled CUDA kernels for this MLX and device: under
+    `XDG_CACHE_HOME` (default ~/.cache).  Pure but for the home directory."""
+    base = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", device).strip("-") or "gpu"
+    return base / "sanctum" / "mlx-ptx" / str(getattr(mx, "__version__", "unknown")) / slug
 
 
 @cache

@@ -1,14 +1,16 @@
-"""A seat's decode shapes, compiled before it serves (on a GPU).
+"""A seat's decode shapes, compiled while it has nothing else to do (on a GPU).
 
 On a GPU, MLX builds a kernel (and, on CUDA, a graph of them) the first time it runs a
 shape.  A speculating seat runs many: a verify block of each width 2..16, greedy and
 sampled, and its model drafter's steps.  Measured on an H200 with the demo pair, the
 first lookup round of a width took 15-63 ms against 2.5-4.4 ms afterwards, in a request
 whose plain steps took 1.5 ms: a request that met two new widths lost a third of its
-speed, and the seat's figures of those depths started from the compile.  A server
-compiles its shapes before it takes requests; so does a seat, on a GPU.
+speed, and the seat's figures of those depths started from the compile.  So a seat on
+a GPU compiles them itself, in its engine's idle time (`Warming`): compiling them all
+before serving kept a fresh H100's seat from its first request for 104 s.
 
-    warm_up(model, tokenizer, context_length, width, drafter_model) -> Warmed
+    Warming(model, tokenizer, context_length, width, drafter_model).step() -> bool
+    warm_up(model, tokenizer, context_length, width, drafter_model) -> Warmed   all at once
 
 runs, through a throwaway batch engine (its step costs and prefill pace, learnt while
 compiling, are thrown away with it), requests alone, as a request at c=1 runs (a
@@ -160,37 +162,80 @@ def prompt_ids(tokenizer: Any, length: int) -> list[int]:
     return ids[:length]
 
 
-def warm_up(model: Any, tokenizer: Any, context_length: int, width: int,
-            drafter_model: Any = None, runs: list[Run] | None = None) -> Warmed:
-    """Compile the seat's c=1 decode shapes through a throwaway engine (see the module's
-    docstring).  Never raises for a request's error: a shape that fails here fails the
-    same way for a client, whose request the seat then declines or fails as it would."""
-    from seatd.batch import Engine  # the engine imports this module's callers
+class Warming:
+    """The warm-up as steps of its own engine, one at a time: a seat takes them while its
+    engine has nothing else to do (`seatd.batch.Engine.idle`), so the seat serves from
+    the moment it has loaded and a request waits at most one warm-up step.  A warm-up
+    before serving kept a fresh H100's demo seat from its first request for 104 s.
 
-    t0 = time.perf_counter()
-    engine = Engine(model, tokenizer, context_length, width, 1, KVBudget(1 << 40))
-    failed = 0
-    if runs is None:
-        from seatd.backend import backend
+        step() -> bool     one step; False once every run has ended (then `warmed`)
 
-        runs = plan(drafter_model is not None, context_length, backend())
-    seen = Transcript()
-    for i, run in enumerate(runs):
-        drafter = ModelDrafter(drafter_model) if run.kind == "model" else Cycling()
+    Never raises for a request's error: a shape that fails here fails the same way for a
+    client, whose request the seat then declines or fails as it would."""
+
+    def __init__(self, model: Any, tokenizer: Any, context_length: int, width: int,
+                 drafter_model: Any = None, runs: list[Run] | None = None) -> None:
+        from seatd.batch import Engine  # the engine imports this module's callers
+
+        if runs is None:
+            from seatd.backend import backend
+
+            runs = plan(drafter_model is not None, context_length, backend())
+        self.engine = Engine(model, tokenizer, context_length, width, 1, KVBudget(1 << 40))
+        self.tokenizer, self.drafter_model, self.runs = tokenizer, drafter_model, runs
+        self.next, self.failed, self.seconds = 0, 0, 0.0
+        self.current: str | None = None
+        self.seen = Transcript()
+        self.warmed: Warmed | None = None
+
+    def step(self) -> bool:
+        if self.warmed is not None:
+            return False
+        t0 = time.perf_counter()
+        if self.current is None:
+            self._submit()
+        else:
+            self.engine.step()
+            self.seen.read(self.engine.outbox)
+            if self.current in self.seen.ended:
+                self._ended(self.current)
+                self.current = None
+        self.seconds += time.perf_counter() - t0
+        if self.current is None and self.next == len(self.runs):
+            self.warmed = Warmed(len(self.runs), self.failed, self.seconds)
+            log.info("shapes_warmed", requests=len(self.runs), failed=self.failed,
+                     seconds=round(self.seconds, 3))
+            return False
+        return True
+
+    def _submit(self) -> None:
+        if self.next == len(self.runs):
+            return
+        run, i = self.runs[self.next], self.next
+        self.next += 1
+        drafter = ModelDrafter(self.drafter_model) if run.kind == "model" else Cycling()
         spec = Speculation(drafter, run.depth, DepthStats(max_depth=run.depth))
         request = Generate(f"warm-{i}", False, run.params, prompt=TEXT,
                            speculation=True, draft_depth=run.depth, prompt_cache=False)
-        engine.submit(Work(request, prompt_ids(tokenizer, run.prompt_tokens), "fp16",
-                           spec=spec))
-        while request.request_id not in seen.ended:
-            engine.step()
-            seen.read(engine.outbox)
-        error = seen.error(request.request_id)
+        self.engine.submit(Work(request, prompt_ids(self.tokenizer, run.prompt_tokens),
+                                "fp16", spec=spec))
+        self.current = request.request_id
+
+    def _ended(self, rid: str) -> None:
+        error = self.seen.error(rid)
         if error is not None:
-            failed += 1
+            self.failed += 1
+            run = self.runs[int(rid.split("-")[1])]
             log.warning("warm_up_request_failed", kind=run.kind, depth=run.depth,
                         prompt_tokens=run.prompt_tokens,
                         temperature=run.params.temperature, error=repr(error))
-    seconds = time.perf_counter() - t0
-    log.info("shapes_warmed", requests=len(runs), failed=failed, seconds=round(seconds, 3))
-    return Warmed(len(runs), failed, seconds)
+
+
+def warm_up(model: Any, tokenizer: Any, context_length: int, width: int,
+            drafter_model: Any = None, runs: list[Run] | None = None) -> Warmed:
+    """The whole warm-up at once (`Warming`'s steps, one after another)."""
+    warming = Warming(model, tokenizer, context_length, width, drafter_model, runs)
+    while warming.step():
+        pass
+    assert warming.warmed is not None
+    return warming.warmed

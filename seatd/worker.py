@@ -296,20 +296,21 @@ class SeatWorker:
                                   f"{PREFILL_CHUNK}/turns") for kv in ("fp16", "q8")}
         cache = SeatPromptCache(self.seat, got.model)
         width = output_width(got.model)
-        if spec.kind is not None and spec.unusable is None and spec.rollback.get("fp16") \
-                and not kill_switch(self.seat) and warm_shapes.wanted(backend()):
-            # before the seat's engine: its figures start from compiled shapes.  A
-            # warm-up that fails costs the first requests their compile, never the seat.
-            try:
-                warm_shapes.warm_up(got.model, got.tokenizer, got.context_length, width,
-                                    spec.drafter_model)
-            except Exception as exc:
-                log.warning("warm_up_failed", error=repr(exc))
         budget = self.kv_budget(cache)
         marks = turn_marks(got.tokenizer)
         engine = Engine(got.model, got.tokenizer, got.context_length, width,
                         self.seat.max_batch, budget, SeatAdmission(cache, spec, marks),
                         Outbox(self.ring))
+        if spec.kind is not None and spec.unusable is None and spec.rollback.get("fp16") \
+                and not kill_switch(self.seat) and warm_shapes.wanted(backend()):
+            # in the engine's idle time, the seat serving meanwhile.  A warm-up that
+            # fails costs the first requests their compile, never the seat.
+            try:
+                engine.idle = warm_shapes.Warming(got.model, got.tokenizer,
+                                                  got.context_length, width,
+                                                  spec.drafter_model).step
+            except Exception as exc:
+                log.warning("warm_up_failed", error=repr(exc))
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,
                       spec, cache, marks, width, prints, engine,
                       seat_family(got.tokenizer), SeatGrammar(got.tokenizer, width))

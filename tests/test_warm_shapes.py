@@ -119,26 +119,29 @@ def test_a_proposing_lookup_always_finds_what_it_is_asked_for() -> None:
 
 
 @pytest.mark.parametrize("fails", [False, True])
-def test_a_seat_on_a_gpu_warms_up_before_its_engine_and_loads_even_if_that_fails(
+def test_a_seat_on_a_gpu_warms_up_in_its_engines_idle_time_and_loads_even_if_that_fails(
         tmp_path: Any, monkeypatch: pytest.MonkeyPatch, fails: bool) -> None:
     """The worker's load on a GPU backend (its name stood in for: this machine has no
-    GPU) runs the warm-up with the seat's drafter; a warm-up that raises is logged and
-    the seat loads and serves as it would have."""
+    GPU) gives its engine the warm-up, with the seat's drafter, as idle work; a warm-up
+    that cannot start is logged and the seat loads and serves as it would have."""
     from seatd import worker as worker_module
     from seatd.worker import SeatWorker
     from shared.config import parse_config
 
     calls: list[Any] = []
 
-    def warm_up(model: Any, tokenizer: Any, context_length: int, width: int,
-                drafter_model: Any = None) -> warm_shapes.Warmed:
-        calls.append(drafter_model)
-        if fails:
-            raise RuntimeError("no kernel for this shape")
-        return warm_shapes.Warmed(0, 0, 0.0)
+    class Warming:
+        def __init__(self, model: Any, tokenizer: Any, context_length: int, width: int,
+                     drafter_model: Any = None) -> None:
+            calls.append(drafter_model)
+            if fails:
+                raise RuntimeError("no kernel for this shape")
+
+        def step(self) -> bool:
+            return False
 
     monkeypatch.setattr(worker_module, "backend", lambda: "cuda")
-    monkeypatch.setattr(warm_shapes, "warm_up", warm_up)
+    monkeypatch.setattr(warm_shapes, "Warming", Warming)
     config = parse_config(
         f'[seatd]\nstate_dir = "{tmp_path}"\n[[seat]]\nname = "demo"\n'
         'model = "builtin:demo"\ndrafter = { kind = "model", path = "builtin:demo-drafter" }\n'
@@ -147,4 +150,73 @@ def test_a_seat_on_a_gpu_warms_up_before_its_engine_and_loads_even_if_that_fails
     loaded = seat.load()
     assert loaded.engine is not None
     assert len(calls) == 1 and calls[0] is loaded.speculation.drafter_model is not None
+    assert (loaded.engine.idle is None) is fails
     seat.mlx.shutdown(wait=False)
+
+
+def test_a_request_is_served_while_the_seat_warms_up_and_the_warm_up_still_ends() -> None:
+    """The engine's thread takes warm-up steps only when no request has work: a request
+    submitted in the middle of the warm-up gets the answer it gets from an engine that
+    never warmed, and the warm-up goes on after it to its end."""
+    import threading
+
+    from seatd.engine_io import Outbox, Transcript, Work
+    from seatd.engine_types import output_width
+    from seatd.kv_budget import KVBudget
+    from seatd.model_load import load_for_compute
+    from shared.protocol import Generate, SamplingParams
+
+    target = load_for_compute(target_dir(), None)
+    width = output_width(target.model)
+    runs = [r for r in warm_shapes.plan(False, target.context_length) if r.prompt_tokens == 30]
+    params = SamplingParams(max_tokens=12, temperature=0.7, seed=5)
+
+    def engine() -> tuple[Engine, threading.Event]:
+        rang = threading.Event()
+        return Engine(target.model, target.tokenizer, target.context_length, width, 4,
+                      KVBudget(1 << 30), outbox=Outbox(rang.set)), rang
+
+    def answer(engine: Engine, rang: threading.Event) -> Any:
+        request = Generate("q", False, params, prompt="Say the days of the week.")
+        engine.submit(Work(request, target.tokenizer.encode("Say the days of the week."),
+                           "fp16"))
+        seen = Transcript()
+        while "q" not in seen.ended:
+            assert rang.wait(60.0)
+            rang.clear()
+            seen.read(engine.outbox)
+        return seen.result("q")
+
+    warm, rang = engine()
+    warming = warm_shapes.Warming(target.model, target.tokenizer, target.context_length,
+                                  width, None, runs)
+    assert warming.step()  # the first warm-up request is in
+    done = threading.Event()
+
+    def idle() -> bool:
+        more = warming.step()
+        if not more:
+            done.set()
+        return more
+
+    warm.idle = idle
+    thread = threading.Thread(target=warm.run)
+    thread.start()
+    try:
+        got = answer(warm, rang)
+        assert done.wait(120.0)
+    finally:
+        warm.stop()
+        thread.join()
+    assert warm.idle is None  # the thread let go of it once it had ended
+    assert warming.warmed is not None and warming.warmed.requests == len(runs) == 2
+    assert warming.warmed.failed == 0
+    cold, rang = engine()
+    cold_thread = threading.Thread(target=cold.run)
+    cold_thread.start()
+    try:
+        want = answer(cold, rang)
+    finally:
+        cold.stop()
+        cold_thread.join()
+    assert got.token_ids == want.token_ids and got.text == want.text
