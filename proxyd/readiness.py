@@ -80,6 +80,8 @@ async def health(request: web.Request) -> web.Response:
                        "loaded_bytes": pong.loaded_bytes if pong else 0,
                        "kv_budget_bytes": pong.kv_budget_bytes if pong else 0,
                        "memory_budget_bytes": pong.memory_budget_bytes if pong else 0,
+                       # compiling its shapes in idle time (seatd/warm_shapes.py)
+                       "warming": bool(pong and pong.warming),
                        "waiting": c.waiting,
                        # an on-demand seat: loaded or sleeping (proxyd/on_demand.py), and
                        # its seconds idle while loaded (None: busy, or not loaded)

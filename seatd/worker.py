@@ -200,6 +200,7 @@ class SeatWorker:
             loaded_bytes=self.loaded_bytes,
             kv_budget_bytes=self.kv_budget_bytes,
             memory_budget_bytes=self.memory_budget_bytes,
+            warming=engine is not None and engine.idle is not None,
         )
 
     def final(self, job: Job, outcome: Outcome, **fields: Any) -> Final:

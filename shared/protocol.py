@@ -283,6 +283,9 @@ class Pong(msgspec.Struct, frozen=True, tag="pong"):
     loaded_bytes: int = 0
     kv_budget_bytes: int = 0
     memory_budget_bytes: int = 0
+    # Compiling its decode shapes in idle time (`seatd.warm_shapes.Warming`, on a GPU):
+    # it serves meanwhile, but its first requests of a shape may still compile it.
+    warming: bool = False
 
 
 class Chunk(msgspec.Struct, frozen=True, tag="chunk"):

@@ -236,6 +236,20 @@ def test_health_503_while_loading_then_answered_when_ready(make_rig: Callable[..
     assert len(rig.upstream.requests) == 1  # only the open route's request left the box
 
 
+def test_a_seat_warming_up_is_ready_and_health_says_it_warms(
+        make_rig: Callable[..., Rig]) -> None:
+    """A seat compiling its shapes in idle time (`seatd.warm_shapes.Warming`) serves:
+    its route is ready and answers, and /health names it warming, the other seat not."""
+    rig = make_rig(modes={"brain": "warming", "coder": "ok"})
+    body = wait_for("both seats ready", lambda: (h := health(rig.url)[1])["status"] == "ok"
+                    and h)
+    assert body["seats"]["brain"]["warming"] and body["seats"]["brain"]["ready"]
+    assert body["seats"]["coder"]["warming"] is False
+    code, headers, _ = http("POST", rig.url + "/v1/chat/completions",
+                            body={"model": "private", "messages": MSG})
+    assert code == 200 and headers["X-Sanctum-Attempts"] == "brain=ok"
+
+
 def test_load_wait_runs_out_on_the_proxy_clock(make_rig: Callable[..., Rig]) -> None:
     """Seats that never get ready: a private request waits `load_wait_s` on the proxy's
     clock, then gets 503 `loading` with Retry-After (not all_rungs_failed); no seat was

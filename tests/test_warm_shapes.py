@@ -151,6 +151,8 @@ def test_a_seat_on_a_gpu_warms_up_in_its_engines_idle_time_and_loads_even_if_tha
     assert loaded.engine is not None
     assert len(calls) == 1 and calls[0] is loaded.speculation.drafter_model is not None
     assert (loaded.engine.idle is None) is fails
+    seat.loaded = loaded
+    assert seat.pong(0.0).warming is not fails  # its pongs say so, for /health
     seat.mlx.shutdown(wait=False)
 
 

@@ -170,9 +170,10 @@ def sanctum_up(config_text: str, seats: tuple[str, ...], port: int,
                                     str(config)], wd, env)
         url = f"http://127.0.0.1:{port}"
 
-        def ready() -> bool:
+        def ready() -> bool:  # and done compiling its shapes: measure what it serves after
             health = get_health(url + "/health")
-            return all(health["seats"].get(s, {}).get("ready") for s in seats)
+            return all(health["seats"].get(s, {}).get("ready")
+                       and not health["seats"][s].get("warming") for s in seats)
 
         try:
             wait_until(proc, ready, timeout)

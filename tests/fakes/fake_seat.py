@@ -7,6 +7,7 @@ faults a real model cannot be made to produce on demand:
 
     ok                 stream `--tokens` chunks, then Final(ok)
     decline            like ok, but reports speculation declined (the seat answered)
+    warming            like ok, but pongs say it is compiling its shapes in idle time
     reject413          Final(Rejected 413) at once
     not_ready          pongs say ready=false; Generate gets Failed(not_ready)
     crash_before_first SIGKILL itself on Generate, before any chunk
@@ -83,7 +84,7 @@ class FakeSeat:
 
     def pong(self, ping: Ping) -> Pong:
         return Pong(self.name, os.getpid(), self.incarnation, self.ready, bool(self.active),
-                    ping.sent_at, 4096, 8192, "fake")
+                    ping.sent_at, 4096, 8192, "fake", warming=self.mode == "warming")
 
     def counters(self) -> dict[str, object]:
         return {"served": self.served, "incarnation": self.incarnation,
