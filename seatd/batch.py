@@ -202,6 +202,9 @@ class Lane:
     drafter: RowsDrafter | None = None  # its rows' model drafters, drafting together
     drafter_off: bool = False  # their drafter model cannot batch, or the batch failed
     rode: Aboard | None = None  # its last plain step carried a prompt, timed by the next
+    # (rows, tokens per row) of its last step; None: a prefill forward ran since, and
+    # the next plain step waits on that, not on its forerunner's forward
+    last: tuple[int, int] | None = None
 
 
 @dataclass
@@ -321,6 +324,7 @@ class Engine:
         self._offer, self._aboard = self._rider(), None
         if self.groups and self._offer is None:
             self._prefill()
+            self._prefilled()
             worked = True
         for lane in list(self.lanes.values()):
             if lane.rows:
@@ -330,6 +334,7 @@ class Engine:
             worked = True
             if self._aboard is None:  # it could not ride: a forward of its own
                 self._prefill()
+                self._prefilled()
             else:
                 self._ridden(self._aboard)
         self._offer = None
@@ -339,6 +344,11 @@ class Engine:
         self.kv_bytes = sum(lane.cache.nbytes for lane in self.lanes.values()) + sum(
             _nbytes(g.cache) for g in self.groups)
         return worked
+
+    def _prefilled(self) -> None:
+        """A prefill forward of its own ran: the lanes' next plain steps are not timed."""
+        for lane in self.lanes.values():
+            lane.last = None
 
     # -- admission --------------------------------------------------------------
 
@@ -790,8 +800,13 @@ class Engine:
         speculation figures.  A step a prompt rode, or the step after a plain one that
         did (a plain step's time is its forerunner's forward), is not the rows' own cost:
         speculation and pacing never read it; what the step took beyond the rows' own is
-        the ride's.  `B`: the rows the step began with."""
+        the ride's.  A plain step's time is believed only after a plain step of the same
+        rows with no prefill forward between (`Lane.last`): it is then its forerunner's
+        forward; after a verify step, a prefill or a change of rows it waited on something
+        else (`seatd.batch_policy.StepCosts.settled`).  `B`: the rows the step began with."""
         own = self._aboard is None and lane.rode is None
+        steady = plan.width > 1 or lane.last == (B, 1)
+        lane.last = (B, plan.width)
         base = self.costs.time(B, plan.width)
         if lane.rode is not None:  # a plain step's time is its forerunner's forward
             if plan.width == 1 and base is not None:
@@ -804,7 +819,7 @@ class Engine:
             elif base is not None:  # a verify step waits for its own forward
                 self._aboard.added = max(0.0, elapsed - base)
         # Counted either way: a probe of the other kind of step is due by steps taken.
-        self.costs.observe(B, plan.width, elapsed if own else None)
+        self.costs.observe(B, plan.width, elapsed if own and steady else None)
         if own:
             lane.step_s = elapsed if lane.step_s is None else 0.8 * lane.step_s + 0.2 * elapsed
         if B == 1 and lane.rows and own:  # a request alone: its round times are its seat's

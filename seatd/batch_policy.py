@@ -28,14 +28,25 @@ share is a share of the rows' step: verify steps (2x a plain one at 7 rows here)
 stretch every row's gap while someone waits for a first token.  Declined with its
 own reason (`prompt_joining`); the probes come due as ever once it has joined.
 
+The plain time a verify step is judged against is believed once SETTLED plain steps of
+the size have been timed, each after a plain step of the same rows (the engine times
+only those: a plain step's time is its forerunner's forward, and the first plain step
+after a verify, a prefill or a change of rows waited on something else).  Measured on
+this project's 2-core CPU, 16 clients with the demo pair: the first plain step at 12
+rows, right after a verify step at 8 rows and four rows joining, took 157 ms against
+about 40 ms for the plain steps after it; judged against that one figure, verify steps
+of 7 tokens a row at 16 rows (238 ms each) won every step of the slot, and the default
+seat served 0.80x of the plain seat's tokens/s there.
+
 An unmeasured verify size is tried (it cannot be judged otherwise), and a size that
 lost is tried again every `PROBE_EVERY` plain steps, since acceptance moves with the
 rows in the batch.  The other way round too: a size where speculation wins takes a
 plain step every `PROBE_EVERY` verify steps, so that the plain time it is judged
 against stays current (a first plain step of a class, slow for reasons of its own,
 once kept a batch of 8 on 137 ms where its plain steps took 80).  A time measured
-after `PROBE_EVERY` steps of the other kind replaces the old one instead of moving
-its average: so long after, the old one says little.  The choice reads measured
+after `PROBE_EVERY` steps of the other kind starts the figure afresh instead of moving
+its average: so long after, the old one says little (a plain one is then settled again
+before it judges).  The choice reads measured
 times, never a seed: which tokens a seeded row gets never depends on it
 (`seatd.sampling`).
 """
@@ -49,6 +60,7 @@ from seatd.moving_average import moving
 
 ALPHA = 0.2  # weight of a new step time
 PROBE_EVERY = 64  # plain steps at one batch size between probes of a verify step
+SETTLED = 2  # timed plain steps of a size before a verify step is judged against them
 
 
 def size_class(batch: int) -> int:
@@ -62,6 +74,7 @@ def size_class(batch: int) -> int:
 @dataclass
 class StepCosts:
     seconds: dict[tuple[int, int], float] = field(default_factory=dict)
+    timed: dict[tuple[int, int], int] = field(default_factory=dict)  # observations in `seconds`
     plain_since_probe: dict[int, int] = field(default_factory=dict)  # since a verify step
     verify_since_plain: dict[int, int] = field(default_factory=dict)  # since a plain step
 
@@ -71,11 +84,13 @@ class StepCosts:
         c = size_class(batch)
         key = (c, width)
         plain = width == 1
-        old = self.seconds.get(key)
-        stale = (self.verify_since_plain if plain else self.plain_since_probe).get(c, 0) \
-            >= PROBE_EVERY
+        if (self.verify_since_plain if plain else self.plain_since_probe).get(c, 0) \
+                >= PROBE_EVERY:
+            self.timed[key] = 0  # stale: the next timed step starts the figure afresh
         if seconds is not None:
-            self.seconds[key] = moving(None if stale else old, seconds, ALPHA)
+            n = self.timed.get(key, 0)
+            self.seconds[key] = moving(self.seconds.get(key) if n else None, seconds, ALPHA, n)
+            self.timed[key] = n + 1
         if plain:
             self.plain_since_probe[c] = self.plain_since_probe.get(c, 0) + 1
             self.verify_since_plain[c] = 0
@@ -85,6 +100,11 @@ class StepCosts:
 
     def time(self, batch: int, width: int) -> float | None:
         return self.seconds.get((size_class(batch), width))
+
+    def settled(self, batch: int) -> bool:
+        """Whether the plain time at this size has been timed SETTLED times since it was
+        last started afresh."""
+        return self.timed.get((size_class(batch), 1), 0) >= SETTLED
 
 
 def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts,
@@ -99,7 +119,7 @@ def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts,
         return [0] * len(wants)
     width = 1 + max(depths)
     plain, verify = costs.time(batch, 1), costs.time(batch, width)
-    if plain is None:
+    if plain is None or not costs.settled(batch):
         return [0] * len(wants)  # measure the plain step first
     if verify is None:
         return depths  # never measured at this size: try it

@@ -5,6 +5,7 @@ import pytest
 
 from seatd.adaptive import (
     MAX_DEPTH,
+    WARM_AGAIN,
     WARM_ORDER,
     DepthStats,
     RoundPolicy,
@@ -51,6 +52,24 @@ def test_warm_up_visits_every_depth_once() -> None:
         seen.append(k)
         observe(s, k, 0, 0.01)
     assert tuple(seen) == WARM_ORDER
+
+
+def test_requests_arriving_together_warm_different_depths() -> None:
+    """Requests that choose before any of them ran a round each take a warm depth of
+    their own; past the warm order, the first warm depth (nothing is measured yet).  A
+    depth handed out but not seen in the WARM_AGAIN rounds after goes out again."""
+    s = DepthStats()
+    picks = [choose_depth(s) for _ in range(16)]
+    assert tuple(picks[: len(WARM_ORDER)]) == WARM_ORDER
+    assert picks[len(WARM_ORDER):] == [WARM_ORDER[0]] * (16 - len(WARM_ORDER))
+    for k in WARM_ORDER:
+        if k != 4:
+            observe(s, k, 0, 0.01 + 0.002 * k)
+    assert choose_depth(s) != 4  # its request may still be warming it
+    for _ in range(WARM_AGAIN - s.rounds):
+        observe(s, 3, 0, 0.016)
+    assert choose_depth(s) == 4  # its request ended before a round of it: again
+    assert choose_depth(s) != 4
 
 
 def test_picks_the_depth_with_best_rate() -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from seatd.batch_policy import (
     PROBE_EVERY,
+    SETTLED,
     StepCosts,
     StepPlan,
     decide_step,
@@ -28,10 +29,12 @@ def costs(**times: float) -> StepCosts:
     c = StepCosts()
     for name, t in times.items():
         if name.startswith("p"):
-            c.seconds[(int(name[1:]), 1)] = t
+            key = (int(name[1:]), 1)
         else:
             size, width = name[1:].split("_")
-            c.seconds[(int(size), int(width))] = t
+            key = (int(size), int(width))
+        c.seconds[key] = t
+        c.timed[key] = SETTLED
     return c
 
 
@@ -118,9 +121,31 @@ def test_a_winning_size_measures_its_plain_step_again() -> None:
         assert plan_step(wants, 8, c) == [3] * 8
         c.observe(8, 4, 0.2)
     assert plan_step(wants, 8, c) == [0] * 8  # the plain probe
+    c.observe(8, 1, None)  # right after a verify step: the engine does not time it
+    assert plan_step(wants, 8, c) == [0] * 8  # the figure is being measured afresh
     c.observe(8, 1, 0.08)
     assert c.time(8, 1) == pytest.approx(0.08)  # replaced, not averaged with 137 ms
-    assert plan_step(wants, 8, c) == [0] * 8
+    for _ in range(SETTLED - 1):
+        assert plan_step(wants, 8, c) == [0] * 8
+        c.observe(8, 1, 0.08)
+    assert plan_step(wants, 8, c) == [0] * 8  # settled: 8 / 80 ms beats 16 / 200 ms
+    assert c.verify_since_plain[8] == 0
+
+
+def test_a_verify_step_is_judged_against_a_settled_plain_time() -> None:
+    """Until SETTLED plain steps of a size have been timed, its steps stay plain: one
+    figure alone (a first step of new rows, timed long) does not decide.  A second
+    that finds the first OUTLIER times too high starts the figure again from it."""
+    c = StepCosts()
+    wants = [(6, 3.5)] * 16
+    c.observe(12, 1, 0.16)  # measured: a first plain step at 12 rows
+    assert not c.settled(16)
+    assert plan_step(wants, 16, c) == [0] * 16  # not judged on one figure
+    c.observe(16, 1, 0.035)
+    assert c.settled(16) and c.time(16, 1) == pytest.approx(0.035)
+    assert plan_step(wants, 16, c) == [6] * 16  # verify unmeasured at this size: tried
+    c.observe(16, 7, 0.238)
+    assert plan_step(wants, 16, c) == [0] * 16  # 56 / 238 ms loses to 16 / 35 ms
 
 
 def test_step_times_are_moving_averages_by_class() -> None:
