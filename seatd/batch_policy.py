@@ -40,19 +40,23 @@ seat served 0.80x of the plain seat's tokens/s there.
 
 An unmeasured verify size is tried (it cannot be judged otherwise), and a size that
 lost is tried again every `PROBE_EVERY` plain steps, since acceptance moves with the
-rows in the batch.  The other way round too: a size where speculation wins takes a
-plain step every `PROBE_EVERY` verify steps, so that the plain time it is judged
-against stays current (a first plain step of a class, slow for reasons of its own,
-once kept a batch of 8 on 137 ms where its plain steps took 80).  A time measured
-after `PROBE_EVERY` steps of the other kind starts the figure afresh instead of moving
-its average: so long after, the old one says little (a plain one is then settled again
-before it judges).  The choice reads measured
-times, never a seed: which tokens a seeded row gets never depends on it
+rows in the batch; or less often where a probe costs more than PROBE_SHARE of the plain
+steps between (`probe_every`: measured on the 2-core CPU, a verify step of 6 tokens a
+row at 16 rows took 426 ms against 45 ms for a plain one, and a probe every 64 plain
+steps cost about a tenth of the batch's time).  The other way round too: a size where
+speculation wins takes a plain step every `PROBE_EVERY` verify steps, so that the plain
+time it is judged against stays current (a first plain step of a class, slow for
+reasons of its own, once kept a batch of 8 on 137 ms where its plain steps took 80).
+A time measured after `PROBE_EVERY` steps of the other kind starts the figure afresh
+instead of moving its average: so long after, the old one says little (a plain one is
+then settled again before it judges).  The choice reads measured times, never a seed:
+which tokens a seeded row gets never depends on it
 (`seatd.sampling`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -61,6 +65,8 @@ from seatd.moving_average import moving
 ALPHA = 0.2  # weight of a new step time
 PROBE_EVERY = 64  # plain steps at one batch size between probes of a verify step
 SETTLED = 2  # timed plain steps of a size before a verify step is judged against them
+PROBE_SHARE = 0.05  # a losing size's probes cost at most this share of the time between
+PROBE_CAP = 1024  # ... with at most this many plain steps between two
 
 
 def size_class(batch: int) -> int:
@@ -107,6 +113,16 @@ class StepCosts:
         return self.timed.get((size_class(batch), 1), 0) >= SETTLED
 
 
+def probe_every(plain: float, verify: float) -> int:
+    """Plain steps between two probes of a verify size that lost: PROBE_EVERY, or as
+    many as make the probe's cost beyond a plain step at most PROBE_SHARE of theirs
+    (at most PROBE_CAP).  Pure."""
+    excess = verify - plain
+    if plain <= 0 or excess <= 0:
+        return PROBE_EVERY
+    return max(PROBE_EVERY, min(PROBE_CAP, math.ceil(excess / (plain * PROBE_SHARE))))
+
+
 def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts,
               joining: bool = False) -> list[int]:
     """The draft depth of each row for the next step (all zeros: a plain step)."""
@@ -128,7 +144,7 @@ def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts,
         if costs.verify_since_plain.get(size_class(batch), 0) >= PROBE_EVERY:
             return [0] * len(wants)  # the plain time it wins against, measured again
         return depths
-    if costs.plain_since_probe.get(size_class(batch), 0) >= PROBE_EVERY:
+    if costs.plain_since_probe.get(size_class(batch), 0) >= probe_every(plain, verify):
         return depths
     return [0] * len(wants)
 

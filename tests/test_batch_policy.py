@@ -13,6 +13,7 @@ from seatd.batch_policy import (
     decide_step,
     paced,
     plan_step,
+    probe_every,
     ride_tokens,
     size_class,
 )
@@ -97,6 +98,29 @@ def test_a_probe_due_while_a_prompt_joins_comes_once_it_has_joined() -> None:
         c.observe(2, 1, None)  # a step the prompt rode: counted, not timed
     assert plan_step(wants, 2, c, joining=True) == [0, 0]
     assert plan_step(wants, 2, c) == [3, 2]  # joined: the probe that was due
+
+
+@pytest.mark.parametrize(("plain", "verify", "every", "why"), [
+    (0.02, 0.05, PROBE_EVERY, "a probe costing 1.5 plain steps: every PROBE_EVERY"),
+    (0.045, 0.426, 170, "measured at 16 rows on the CPU: 381 ms beyond / 5% of 45 ms"),
+    (0.01, 0.02, PROBE_EVERY, "no dearer than PROBE_EVERY asks"),
+    (0.001, 10.0, 1024, "at most PROBE_CAP"),
+    (0.05, 0.04, PROBE_EVERY, "a verify no dearer than a plain step"),
+])
+def test_probe_every(plain: float, verify: float, every: int, why: str) -> None:
+    assert probe_every(plain, verify) == every, why
+
+
+def test_a_dear_losing_size_is_probed_seldom() -> None:
+    """A verify size far dearer than a plain step is probed after `probe_every` plain
+    steps, not PROBE_EVERY."""
+    c = costs(p16=0.045, v16_7=0.426)
+    wants = [(6, 3.0)] * 16
+    for _ in range(probe_every(0.045, 0.426) - 1):
+        c.observe(16, 1, 0.045)
+        assert plan_step(wants, 16, c) == [0] * 16
+    c.observe(16, 1, 0.045)
+    assert plan_step(wants, 16, c) == [6] * 16  # the probe
 
 
 def test_a_losing_size_is_probed_again() -> None:
@@ -188,11 +212,11 @@ def test_ride_tokens(ride: int | None, own: int, limit: int, n: int, want: int,
 
 def test_a_step_counted_without_its_time_still_brings_the_probe_due() -> None:
     """A step whose time was not the rows' own (a prompt rode it) leaves the measured
-    times alone but still counts: a verify probe comes after PROBE_EVERY plain steps of
-    any kind, instead of every step once the probe is due but never measured."""
+    times alone but still counts: a verify probe comes after `probe_every` plain steps
+    of any kind, instead of every step once the probe is due but never measured."""
     c = costs(p8=0.05, v8_4=0.5)
     wants = [(3, 2.5)] * 8
-    for _ in range(PROBE_EVERY):
+    for _ in range(probe_every(0.05, 0.5)):
         c.observe(8, 1, None)
     assert c.time(8, 1) == 0.05
     assert plan_step(wants, 8, c) == [3] * 8  # the probe is due
