@@ -12,6 +12,7 @@ import pytest
 
 from seatd.adaptive import DepthStats
 from seatd.batch import Engine
+from seatd.batch_policy import SETTLED
 from seatd.decode import decode
 from seatd.drafters import Draft, ModelDrafter
 from seatd.engine_io import Admitted, RowCancelled, Text, Transcript, Work
@@ -449,6 +450,41 @@ def test_a_batch_takes_plain_steps_while_a_prompt_joins_at_its_pace(
     assert any(j for _, j in steps), "the late prompt joined at the rows' pace"
     assert not any(v and j for v, j in steps), "no verify step while it joined"
     assert any(v and not j for v, j in steps)
+    each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
+
+
+def test_a_batch_judges_verify_steps_on_steady_plain_steps(
+        pair: tuple[Any, Any, Any]) -> None:
+    """A plain step's time goes into the seat's step costs only after a plain step of
+    the same rows (its forerunner's forward is what it waited on): the steps after a
+    prefill, a verify step or a change of rows are counted untimed.  A verify step of a
+    batch comes only once SETTLED such plain steps of its size were timed.  The answers
+    are their own alone."""
+    model, tok, drafter = pair
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    seen: list[tuple[int, int, float | None]] = []
+    real_observe = engine.costs.observe
+
+    def observe(batch: int, width: int, seconds: float | None) -> None:
+        seen.append((batch, width, seconds))
+        real_observe(batch, width, seconds)
+
+    engine.costs.observe = observe  # type: ignore[method-assign]
+    prompts = {"a": tok.encode("def fibonacci(n):"), "b": tok.encode("class Stack:")}
+    budgets = {"a": 48, "b": 48}
+    for rid, prompt in prompts.items():
+        params = SamplingParams(max_tokens=budgets[rid], temperature=0)
+        engine.submit(Work(Generate(rid, False, params, prompt="-"), prompt, "fp16",
+                           spec=Speculation(ModelDrafter(drafter), 3, DepthStats())))
+    told = drive(engine, 2)
+    pairs = [i for i, (b, _, _) in enumerate(seen) if b == 2]
+    assert pairs, "the two rows decoded together"
+    first_verify = next(i for i in pairs if seen[i][1] > 1)
+    timed_plain = [i for i in pairs if seen[i][1] == 1 and seen[i][2] is not None]
+    assert len([i for i in timed_plain if i < first_verify]) >= SETTLED
+    assert seen[pairs[0]][2] is None, "the first step of the pair followed a change of rows"
+    for i in timed_plain:
+        assert i > 0 and seen[i - 1][:2] == (2, 1), "timed after a plain step of the pair"
     each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
 
 
