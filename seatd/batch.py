@@ -324,7 +324,6 @@ class Engine:
         self._offer, self._aboard = self._rider(), None
         if self.groups and self._offer is None:
             self._prefill()
-            self._prefilled()
             worked = True
         for lane in list(self.lanes.values()):
             if lane.rows:
@@ -334,7 +333,6 @@ class Engine:
             worked = True
             if self._aboard is None:  # it could not ride: a forward of its own
                 self._prefill()
-                self._prefilled()
             else:
                 self._ridden(self._aboard)
         self._offer = None
@@ -344,11 +342,6 @@ class Engine:
         self.kv_bytes = sum(lane.cache.nbytes for lane in self.lanes.values()) + sum(
             _nbytes(g.cache) for g in self.groups)
         return worked
-
-    def _prefilled(self) -> None:
-        """A prefill forward of its own ran: the lanes' next plain steps are not timed."""
-        for lane in self.lanes.values():
-            lane.last = None
 
     # -- admission --------------------------------------------------------------
 
@@ -588,6 +581,8 @@ class Engine:
         self.groups = merged
 
     def _prefill(self) -> None:
+        for lane in self.lanes.values():  # a forward of its own: their next plain steps
+            lane.last = None  # wait on it, not on their forerunners (`_measured`)
         self._merge()
         group = min(self.groups, key=lambda g: g.done)  # the furthest behind: the others
         try:  # wait for it to catch up, and merge
