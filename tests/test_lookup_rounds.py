@@ -296,6 +296,40 @@ def test_a_lookup_seat_drafts_by_match_class_once_warm(target: Any) -> None:
     assert plan.lookup_policies[16].best() > 0 and plan.lookup_policies[2].best() == 0
 
 
+def test_a_lookup_seat_takes_a_copy_up_again_from_a_bigram(
+        target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seat whose only drafter is the lookup drafts from bigrams too, by their own
+    class: where a sampled answer strays from the copy for a token, the copy's next
+    bigram drafts again a step before a trigram would.  Its seeded answer keeps its
+    bytes."""
+    from seatd.speculation import TRUSTED_ROUNDS
+
+    spec = lookup_seat(target.model, target.tokenizer_hash)
+    seeded = SamplingParams(max_tokens=64, temperature=0.8, seed=5)
+    band = spec.bands[True]
+    for k, t in TIMES.items():
+        band.seen[k], band.seconds[k] = 1, t
+    band.accept, band.requests = [0.9] * 6, 10
+    for figures in spec.lookup_stats[True].values():
+        figures.seen = {0: 10, 4: TRUSTED_ROUNDS}
+        figures.accept = [0.95] * len(figures.accept)
+    drafted: list[int] = []
+    alone = Engine._lookup_alone
+
+    def drafting(self: Engine, row: Any, room: int) -> tuple[int, float]:
+        k, expected = alone(self, row, room)
+        if k:
+            drafted.append(row.work.spec.drafter.matched)
+        return k, expected
+
+    monkeypatch.setattr(Engine, "_lookup_alone", drafting)
+    fast = answer(target, spec, seeded)
+    assert 2 in drafted, drafted  # a round drafted from a match of two tokens alone
+    monkeypatch.setattr(Engine, "_lookup_alone", alone)
+    plain = answer(target, None, seeded)
+    assert fast.token_ids == plain.token_ids
+
+
 def test_a_drafter_that_pays_greedily_is_judged_apart_when_sampling(target: Any) -> None:
     """Greedy rounds that keep most drafts do not send sampled requests to the model
     drafter: a sampled draft is kept only where the target's draw lands on it, and the
