@@ -83,6 +83,8 @@ def test_runs_on_a_gpu_render_as_a_part_of_their_own(tmp_path: Path) -> None:
     cpu_part, gpu_part = text.split("\n# On a GPU\n")
     assert "**2.00x**" in cpu_part and "**3.00x**" not in cpu_part
     assert "| device | cuda: NVIDIA H200 |" in gpu_part
+    # each run names its device too: the page's table is its first run's
+    assert "on cuda: NVIDIA H200, model" in gpu_part and "on cuda" not in cpu_part
     assert "## GPU: Headline ratios" in gpu_part and "## GPU: 1. Our stack" in gpu_part
     assert "**3.00x**" in gpu_part and "not run yet" not in gpu_part
     pytest.importorskip("matplotlib")

@@ -335,7 +335,8 @@ def section(run: Run, plot: str | None, name: str | None = None) -> list[str]:
         return [*lines, f"**Refused:** the arms were not interleaved ({exc}).", ""]
     m = run.machine
     python = f", Python {m['python']}" if "python" in m else ""
-    lines += [f"{run.title}. Run `{run.run_id}`, {m.get('date', '?')}, model "
+    device = f", on {m['device']}" if "device" in m else ""  # runs of one page may differ
+    lines += [f"{run.title}. Run `{run.run_id}`, {m.get('date', '?')}{device}, model "
               f"`{m.get('model', '?')}`{python}; {run.rounds} rounds of which {run.warmup} "
               f"warm-up, seed {run.seed}.", ""]
     for a in run.arms:
@@ -543,9 +544,9 @@ def _gpu_part(page: str) -> str:
     kept = [line for line in lines[start:] if "| not run yet |" not in line]
     return "\n".join([
         "# On a GPU", "",
-        "The same comparisons, run on a GPU through MLX's GPU backend (the machine table "
-        "names it); results in `docs/bench/results/gpu/`. Ratios compare arms of the same "
-        "run only.", "",
+        "The same comparisons, run on a GPU through MLX's GPU backend (each run names its "
+        "device; the machine table is the first run's); results in "
+        "`docs/bench/results/gpu/`. Ratios compare arms of the same run only.", "",
         *(f"## GPU: {line[3:]}" if line.startswith("## ") else line for line in kept)]) + "\n"
 
 
