@@ -144,6 +144,7 @@ class SeatSpeculation:
         # other, it is judged first.
         trusted = frozenset(n for n, s in figures.items()
                             if sum(c for d, c in s.seen.items() if d > 0) >= TRUSTED_ROUNDS)
+        lookup = LookupDrafter(max(LOOKUP_ORDERS), min(LOOKUP_ORDERS))
         if depth == 0 or self.kind != "model":
             # The model drafter does not pay on this seat now (or the seat has only the
             # lookup): prompt lookup still may, round by round, by its match's class (a
@@ -153,13 +154,12 @@ class SeatSpeculation:
             # strays from a copy for a token, a bigram takes the copy up again a step
             # before a trigram would (on the bench's copy-heavy prompts at T=0.7, 10-25%
             # fewer steps a request than trigrams alone).
-            n = max(LOOKUP_ORDERS)
-            return Speculation(LookupDrafter(n, min(LOOKUP_ORDERS)), LOOKUP_MAX_DEPTH,
-                               figures[n], policy=policies[n],
+            n = lookup.max_ngram
+            return Speculation(lookup, LOOKUP_MAX_DEPTH, figures[n], policy=policies[n],
                                lookup_stats=figures, lookup_policies=policies,
                                lookup_rounds=rounds, costs=self.costs, lookup_trusted=trusted)
         # Each round may draft by lookup instead of the model (`seatd.drafter_choice`).
         return Speculation(ModelDrafter(self.drafter_model), depth, stats, policy=policy,
-                           lookup=LookupDrafter(max(LOOKUP_ORDERS), min(LOOKUP_ORDERS)),
+                           lookup=lookup,
                            lookup_stats=figures, lookup_policies=policies,
                            lookup_rounds=rounds, costs=self.costs, lookup_trusted=trusted)
