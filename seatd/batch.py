@@ -89,7 +89,7 @@ from seatd.kv_budget import KVBudget
 from seatd.prefill_rows import KV_LAYERS, PrefillCost, RideCost, stack, stackable, take
 from seatd.rows_cache import SLACK, OneRow, Rider, RowsCache, lane_cache
 from seatd.rows_drafter import Ask, RowsDrafter
-from seatd.sampling import Draws, draws_for
+from seatd.sampling import Draws, Keyed, draws_for
 from seatd.shaping import Matcher, Shaper, logprob_arrays, token_logprobs
 from seatd.verify import judge
 from shared.protocol import SamplingParams, TokenLogprob
@@ -142,6 +142,17 @@ class Drafting:
     probe: bool = False  # a probe round is due after the burst
 
 
+@dataclass(frozen=True)
+class Fed:
+    """A row's feed as one row of a plain step's sampled tokens: `feed` is
+    `whole[b : b + 1]`.  Rows fed by one step, in its order, are gathered back as
+    `whole` itself (`_gather`), not by a concatenation of one copy per row."""
+
+    whole: mx.array
+    b: int
+    feed: mx.array
+
+
 @dataclass
 class Row:
     work: Work
@@ -150,6 +161,8 @@ class Row:
     answer: Answer
     report: SpecReport
     feed: mx.array | None = None  # (1,) the token it is fed next
+    # `feed` as row `b` of a plain step's tokens `whole` (`Fed`); stale once `feed` changes
+    fed: Fed | None = None
     unread: bool = False  # `feed` is an answer token the host has not taken yet
     issued: int = 0  # answer tokens computed (taken or in flight)
     start: int = 0  # answer tokens before this seat's (a continued answer's prefix)
@@ -1014,6 +1027,8 @@ class Engine:
         greedy = mx.argmax(logits, axis=-1)
         if all(r.params.temperature == 0 for r in rows):
             return greedy
+        if all(r.params.temperature == 0 or _tempered(r) for r in rows):
+            return self._sample_tempered(logits, rows)
         parts = []
         for b, r in enumerate(rows):
             if r.params.temperature == 0:
@@ -1022,6 +1037,23 @@ class Engine:
                 parts.append(r.draws.token(logits[b : b + 1], r.params, r.issued))
         return mx.concatenate(parts)
 
+    @staticmethod
+    def _sample_tempered(logits: mx.array, rows: list[Row]) -> mx.array:
+        """One token per row where every sampling row draws by the keyed rule from its
+        logits over its temperature alone (`_tempered`): one division and one argmax for
+        the batch, where each row's own draw (`seatd.sampling.Keyed.token`) launches its
+        own on a GPU.  Row by row the same operations on the same values: a greedy row's
+        scores are its logits, a sampling row's its logits over its temperature plus its
+        position's noise, so each token is the one its row's own draw makes."""
+        width = logits.shape[-1]
+        zero = mx.zeros((width,), dtype=mx.float32)
+        noise = mx.stack([r.draws.noise(r.issued, width)  # type: ignore[union-attr]
+                          if r.params.temperature > 0 else zero for r in rows])
+        temps = mx.array([[r.params.temperature or 1.0] for r in rows], dtype=mx.float32)
+        sampled = mx.array([[r.params.temperature > 0] for r in rows])
+        scores = logits.astype(mx.float32)
+        return mx.argmax(mx.where(sampled, scores / temps + noise, scores), axis=-1)
+
     def _plain_step(self, lane: Lane) -> None:
         rows = lane.rows
         B = len(rows)
@@ -1029,7 +1061,7 @@ class Engine:
         self._read(rows, [b for b, r in enumerate(rows) if r.unread and r.grammar is not None])
         masks = self._masks(rows)
         feeds = [r.feed for r in rows]
-        x, rider = self._board(lane, mx.concatenate(feeds)[:, None], 1)  # type: ignore[arg-type]
+        x, rider = self._board(lane, _gather(rows, feeds)[:, None], 1)
         lane.cache.begin([1] * B, 1, rider)
         logits = self.model(x, cache=lane.cache.layers)[:B, -1, :]
         lane.cache.end()
@@ -1049,6 +1081,7 @@ class Engine:
         self._read(rows, [b for b, r in enumerate(rows) if r.unread], feeds)
         for b, r in enumerate(rows):
             r.feed, r.feed_lp = new[b : b + 1], new_lps[b]
+            r.fed = Fed(new, b, r.feed)
             r.unread = True
             r.issued += 1
 
@@ -1073,7 +1106,7 @@ class Engine:
         if not which:
             return
         feeds = feeds if feeds is not None else [r.feed for r in rows]
-        values = _ints(mx.concatenate([feeds[b] for b in which]))  # type: ignore[misc]
+        values = _ints(_gather([rows[b] for b in which], [feeds[b] for b in which]))
         for b, token in zip(which, values, strict=True):
             row = rows[b]
             lps: list[TokenLogprob | None] = [None]
@@ -1423,6 +1456,26 @@ class Engine:
             self.budget.release(work.reserve)
         self.outbox.put(Ended(row.rid, result, error, len(work.prompt), work.first_token_at))
 
+
+
+def _tempered(row: Row) -> bool:
+    """Whether the row samples by the keyed rule from its logits over its temperature
+    alone (no top-k, top-p or min-p filter): its draw is elementwise, row by row."""
+    p = row.params
+    return p.temperature > 0 and isinstance(row.draws, Keyed) and p.top_k <= 0 \
+        and p.top_p >= 1.0 and p.min_p <= 0.0
+
+
+def _gather(rows: Sequence[Row], feeds: Sequence[mx.array | None]) -> mx.array:
+    """The rows' feeds as one (B,) array: the tokens of the plain step that fed them all,
+    in its order, where they are that (no copy: on a GPU a concatenation launches a copy
+    per row, each step), else their concatenation."""
+    first = rows[0].fed if rows else None
+    if first is not None and first.whole.shape[0] == len(rows) and all(
+            r.fed is not None and r.fed.whole is first.whole and r.fed.b == b
+            and r.fed.feed is f for b, (r, f) in enumerate(zip(rows, feeds, strict=True))):
+        return first.whole
+    return mx.concatenate(list(feeds))  # type: ignore[arg-type]
 
 
 def _ints(a: mx.array) -> list[int]:

@@ -100,3 +100,53 @@ def test_the_rule_follows_the_seed() -> None:
     """A seeded request draws by the keyed rule, an unseeded one by a key chain."""
     assert isinstance(draws_for(SamplingParams(seed=0), 10), Keyed)
     assert isinstance(draws_for(SamplingParams(), 10), Chained)
+
+
+@pytest.mark.parametrize("rows", [
+    # (temperature, seed, position): seeded rows at their own positions and temperatures
+    [(0.7, 1, 0), (0.7, 2, 5), (1.3, 3, 17), (0.2, 4, 2)],
+    [(0.0, None, 0), (0.7, 9, 3), (0.0, None, 8), (1.0, 9, 3)],  # greedy rows among them
+    [(0.7, 5, 40)],
+])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_a_batch_of_tempered_rows_draws_each_rows_own_token(
+        rows: list[tuple[float, int | None, int]], dtype: mx.Dtype) -> None:
+    """The batch engine's one draw for rows sampling by temperature alone
+    (`seatd.batch.Engine._sample_tempered`) gives each row the token its own keyed draw
+    gives, bit for bit, whatever its neighbours."""
+    from types import SimpleNamespace
+
+    from seatd.batch import Engine, _tempered
+
+    width = 512
+    logits = (mx.random.normal((len(rows), width), key=mx.random.key(3)) * 4).astype(dtype)
+    made = []
+    for t, seed, position in rows:
+        params = SamplingParams(temperature=t, seed=seed)
+        made.append(SimpleNamespace(params=params, draws=draws_for(params, width),
+                                    issued=position, shaper=None))
+    assert all(_tempered(r) for r in made if r.params.temperature > 0)  # type: ignore[arg-type]
+    got = Engine._sample_tempered(logits, made).tolist()  # type: ignore[arg-type]
+    own = [r.draws.token(logits[b : b + 1], r.params, r.issued).item()
+           for b, r in enumerate(made)]
+    assert got == own
+    # not a copy of greedy: the noise decides some sampled row
+    assert any(g != mx.argmax(logits[b]).item() for b, g in enumerate(got)
+               if rows[b][0] > 0) or len(rows) == 1
+
+
+@pytest.mark.parametrize(("params", "tempered"), [
+    (SamplingParams(temperature=0.7, seed=1), True),
+    (SamplingParams(temperature=0.7, seed=1, top_p=0.9), False),  # a filter: row by row
+    (SamplingParams(temperature=0.7, seed=1, top_k=40), False),
+    (SamplingParams(temperature=0.7, seed=1, min_p=0.05), False),
+    (SamplingParams(temperature=0.7), False),  # unseeded: chained keys, row by row
+    (SamplingParams(temperature=0.0, seed=1), False),  # greedy
+])
+def test_which_rows_draw_by_temperature_alone(params: SamplingParams, tempered: bool) -> None:
+    from types import SimpleNamespace
+
+    from seatd.batch import _tempered
+
+    row = SimpleNamespace(params=params, draws=draws_for(params, 16))
+    assert _tempered(row) is tempered  # type: ignore[arg-type]
