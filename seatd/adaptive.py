@@ -142,6 +142,17 @@ def observe(s: DepthStats, depth: int, kept: int, seconds: float | None) -> None
         s.accept[i] = (1 - ALPHA) * s.accept[i] + ALPHA * hit
 
 
+def seed_times(s: DepthStats, seconds: dict[int, float]) -> None:
+    """A round's seconds at some depths (0: a plain token), measured on this device
+    before the seat served (`seatd.warm_shapes`), as the figures of the depths it has not
+    timed yet; each counts as one observation, so the seat's own rounds take over within
+    a few.  Acceptance is left as it is."""
+    for k, t in seconds.items():
+        if 0 <= k <= s.max_depth and t > 0 and not s.timed.get(k):
+            s.seconds[k] = t
+            s.timed[k] = 1
+
+
 def round_times(s: DepthStats) -> tuple[float, ...] | None:
     """Seconds of a round at each depth 0..max (0: one plain token), or None while the seat
     lacks plain time or two positive depths.  A round costs about a + b*k: unmeasured
@@ -197,6 +208,10 @@ class RoundPolicy:
     prior: tuple[float, ...]
     tries: list[int] = field(default_factory=list)
     hits: list[int] = field(default_factory=list)
+    # `expected_upto`'s figures since the last `observe`, by depth: a batch asks every
+    # row's policy each step, and between two of its rounds the answer is the same
+    _expected: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False,
+                                              compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.seconds) - 1
@@ -242,6 +257,9 @@ class RoundPolicy:
     def expected_upto(self, top: int) -> list[float]:
         """Expected tokens of a round at each depth 0..top, in one pass over the
         positions (each depth's figure is the one before it plus one more product)."""
+        known = self._expected.get(top)
+        if known is not None:
+            return list(known)
         out = [1.0]
         run, last, deepest = 1.0, 0.0, -1
         for i in range(top):
@@ -252,7 +270,8 @@ class RoundPolicy:
             last = a
             run *= a
             out.append(out[-1] + run)
-        return out
+        self._expected[top] = out
+        return list(out)
 
     def best(self, lowest: int = 0, highest: int | None = None) -> int:
         """The depth with the highest expected rate within [lowest, highest] (the
@@ -262,6 +281,7 @@ class RoundPolicy:
         return max(range(lowest, top + 1), key=lambda k: (expected[k] / self.seconds[k], -k))
 
     def observe(self, drafted: int, kept: int) -> None:
+        self._expected.clear()
         for i in range(min(kept + 1, drafted)):
             self.tries[i] += 1
             self.hits[i] += i < kept

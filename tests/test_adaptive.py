@@ -14,6 +14,7 @@ from seatd.adaptive import (
     observe,
     park_tokens,
     round_times,
+    seed_times,
 )
 
 
@@ -230,3 +231,50 @@ def test_expected_tokens_in_one_pass_agree_with_each_positions_acceptance(
         run *= p.accept(i)
         total.append(total[-1] + run)
     assert p.expected_upto(15) == pytest.approx(total)
+
+
+@pytest.mark.parametrize(("timed", "given", "seconds", "counts"), [
+    # a fresh seat takes every measured depth, each as one observation
+    ({}, {0: 0.002, 1: 0.005, 3: 0.007}, {0: 0.002, 1: 0.005, 3: 0.007}, {0: 1, 1: 1, 3: 1}),
+    # a depth the seat has timed itself keeps its own figure
+    ({0: (0.003, 4)}, {0: 0.002, 2: 0.006}, {0: 0.003, 2: 0.006}, {0: 4, 2: 1}),
+    # past the seat's deepest, a zero or a negative figure, a negative depth: ignored
+    ({}, {7: 0.01, 1: 0.0, 2: -1.0, -1: 0.001}, {}, {}),
+])
+def test_measured_round_times_seed_only_the_depths_the_seat_has_not_timed(
+        timed: dict[int, tuple[float, int]], given: dict[int, float],
+        seconds: dict[int, float], counts: dict[int, int]) -> None:
+    s = DepthStats(max_depth=6)
+    for k, (t, n) in timed.items():
+        s.seconds[k], s.timed[k] = t, n
+    accept = list(s.accept)
+    seed_times(s, given)
+    assert s.seconds == seconds and s.timed == counts
+    assert s.accept == accept and s.seen == {}  # acceptance and the warm order untouched
+
+
+def test_a_seat_seeded_with_dear_rounds_parks_its_first_request() -> None:
+    """Rounds measured at three plain tokens' cost: the first request's policy (there is
+    one from the start) takes plain tokens at the prior acceptance; cheap rounds draft."""
+    dear, cheap = DepthStats(), DepthStats()
+    seed_times(dear, {0: 0.0025, 1: 0.0055, 2: 0.0065, 3: 0.0075})
+    seed_times(cheap, {0: 0.0025, 1: 0.0027, 2: 0.0029, 3: 0.0031})
+    assert RoundPolicy.from_stats(DepthStats()) is None  # unseeded: warm depths pinned
+    dear_policy, cheap_policy = RoundPolicy.from_stats(dear), RoundPolicy.from_stats(cheap)
+    assert dear_policy is not None and cheap_policy is not None
+    assert dear_policy.best() == 0
+    assert cheap_policy.best() > 0
+
+
+def test_a_policys_expected_tokens_follow_each_round_it_observes() -> None:
+    """Asked every step of a batch, a policy answers from its figures since its last
+    round; a round observed changes them, and a caller's copy changes nothing."""
+    policy = RoundPolicy((0.01,) * 4, (0.5, 0.5, 0.5))
+    before = policy.expected_upto(3)
+    before[3] = 99.0  # the caller's own list
+    assert policy.expected_upto(3)[3] == pytest.approx(1.875)
+    policy.observe(3, 3)  # every draft kept
+    after = policy.expected_upto(3)
+    assert after[3] > 1.875 and after == policy.expected_upto(3)
+    policy.observe(3, 0)  # the first draft rejected
+    assert policy.expected(1) < after[1]
