@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 
 from seatd import recurrent
-from seatd.adaptive import DepthStats, RoundPolicy, choose_depth
+from seatd.adaptive import DepthStats, RoundPolicy, choose_depth, seed_times
 from seatd.drafter_choice import LOOKUP_MAX_DEPTH, lookup_policy
 from seatd.drafters import MATCH_KEYS, LookupDrafter, ModelDrafter
 from seatd.engine_types import Speculation, make_cache
@@ -105,6 +105,14 @@ class SeatSpeculation:
             self.unusable = "tokenizer_mismatch"
             return
         self.drafter_model = loaded.model
+
+    def take_times(self, measured: dict[bool, dict[int, float]]) -> None:
+        """Round seconds by depth, by band, measured on this device by the warm-up
+        (`seatd.warm_shapes.Warming`): the bands' figures start from them, so the
+        first requests' rounds are chosen on what a round costs here (`RoundPolicy`)
+        instead of drafting at fixed warm depths to learn it."""
+        for sampled, seconds in measured.items():
+            seed_times(self.bands[sampled], seconds)
 
     def plan(self, request: Generate, kv: str) -> Speculation | None:
         if self.kind is None:

@@ -9,7 +9,7 @@ speed, and the seat's figures of those depths started from the compile.  So a se
 a GPU compiles them itself, in its engine's idle time (`Warming`): compiling them all
 before serving kept a fresh H100's seat from its first request for 104 s.
 
-    Warming(model, tokenizer, context_length, width, drafter_model).step() -> bool
+    Warming(model, tokenizer, context_length, width, drafter_model, on_measured=f).step()
     warm_up(model, tokenizer, context_length, width, drafter_model) -> Warmed   all at once
 
 runs, through a throwaway batch engine (its step costs and prefill pace, learnt while
@@ -26,11 +26,21 @@ batch's shapes compile as batches meet them), in both temperature bands:
   same lengths met none.  A seat warmed at one short prompt lost a third of its time
   on copy-heavy chats of 300-500 tokens to them (2.3 s of 7.0 s), a seat pinned at
   one depth a tenth.  Through a seat on a fresh H100 the sweep took 104 s;
-- the model drafter pinned at each depth 1..MAX_DEPTH, on a short prompt.
+- the model drafter pinned at each depth 1..MAX_DEPTH, on a short prompt;
+- then, every shape compiled, the same short prompt decoded plainly and at each depth
+  1..MAX_DEPTH again for a few rounds (`measure` runs), in both bands: the seconds of a
+  round at each depth on this device, handed to the seat (`on_measured`), which starts
+  its figures from them (`seatd.speculation.SeatSpeculation.take_times`).  Without them
+  a fresh seat's first requests draft at fixed depths to learn what a round costs
+  (`seatd.adaptive.WARM_ORDER`): through the batching bench on an H100 with the demo
+  pair, where a depth-3 round of the model drafter took 5.5-8.7 ms against 2.5 ms for a
+  plain token, the default seat served one client at 0.44x its own plain path's
+  tokens/s.  With them its first request's rounds are chosen on this device's costs.
 
 A prompt past WARM_CONTEXT compiles its shapes as it meets them.  The seat's own
-figures (`seatd.speculation.SeatSpeculation`) are not touched: these requests have
-their own.
+figures (`seatd.speculation.SeatSpeculation`) are not touched while shapes compile:
+those requests have their own, and only the measure runs' round times reach the seat
+(never an acceptance: the warm-up's text says nothing of a client's).
 
 The CPU has no such first-run cost worth a start-up (MLX's CPU kernels are built
 ahead of time), so `wanted(backend)` is False there, and an operator may turn the
@@ -41,6 +51,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +75,7 @@ WARM_CONTEXT = 2048  # KV capacities warmed, in tokens: a household chat's turns
 CYCLE = tuple(range(LOOKUP_MAX_DEPTH, -1, -1))  # `Cycling`'s widths less one, 0: plain
 LEAD = 8  # a capacity's request starts this many tokens into the capacity's last step
 OFF_VALUES = frozenset({"0", "off", "false", "no"})
+MEASURE_ROUNDS = 6  # rounds of each depth a measure run times
 
 
 class Proposing(LookupDrafter):
@@ -104,6 +116,7 @@ class Run:
     depth: int
     params: SamplingParams
     prompt_tokens: int
+    measure: bool = False  # its round times go to the seat (`Warming.measured`)
 
 
 @dataclass(frozen=True)
@@ -151,6 +164,12 @@ def plan(drafter: bool, context_length: int = WARM_CONTEXT,
                 runs.append(Run("model", depth, SamplingParams(
                     temperature=temperature, seed=seed, max_tokens=depth + 2),
                     2 * LOOKUP_MAX_DEPTH))
+        for depth in range(MAX_DEPTH + 1):  # every shape is in by now: times, not compiles
+            for temperature, seed in BANDS:
+                runs.append(Run("model", depth, SamplingParams(
+                    temperature=temperature, seed=seed,
+                    max_tokens=MEASURE_ROUNDS * (depth + 1) + 1),
+                    2 * LOOKUP_MAX_DEPTH, measure=True))
     return runs
 
 
@@ -173,7 +192,9 @@ class Warming:
     client, whose request the seat then declines or fails as it would."""
 
     def __init__(self, model: Any, tokenizer: Any, context_length: int, width: int,
-                 drafter_model: Any = None, runs: list[Run] | None = None) -> None:
+                 drafter_model: Any = None, runs: list[Run] | None = None,
+                 on_measured: Callable[[dict[bool, dict[int, float]]], None] | None = None
+                 ) -> None:
         from seatd.batch import Engine  # the engine imports this module's callers
 
         if runs is None:
@@ -186,6 +207,9 @@ class Warming:
         self.current: tuple[str, Run] | None = None  # the request in flight, and its run
         self.seen = Transcript()
         self.warmed: Warmed | None = None
+        # The measure runs' figures, by band (sampled or not): round seconds by depth
+        self.figures = {sampled: DepthStats() for sampled in (False, True)}
+        self.on_measured = on_measured
 
     def step(self) -> bool:
         if self.warmed is not None:
@@ -202,8 +226,13 @@ class Warming:
         self.seconds += time.perf_counter() - t0
         if self.current is None and self.next == len(self.runs):
             self.warmed = Warmed(len(self.runs), self.failed, self.seconds)
+            measured = self.measured
             log.info("shapes_warmed", requests=len(self.runs), failed=self.failed,
-                     seconds=round(self.seconds, 3))
+                     seconds=round(self.seconds, 3),
+                     round_ms={int(b): {k: round(1e3 * t, 3) for k, t in m.items()}
+                               for b, m in measured.items()})
+            if self.on_measured is not None and any(measured.values()):
+                self.on_measured(measured)
             return False
         return True
 
@@ -212,13 +241,23 @@ class Warming:
             return
         run, i = self.runs[self.next], self.next
         self.next += 1
-        drafter = ModelDrafter(self.drafter_model) if run.kind == "model" else Cycling()
-        spec = Speculation(drafter, run.depth, DepthStats(max_depth=run.depth))
+        if run.measure:  # a depth of 0 decodes plainly, timed as the seat's plain token
+            stats = self.figures[run.params.temperature > 0]
+            spec = Speculation(ModelDrafter(self.drafter_model) if run.depth else None,
+                               run.depth, stats)
+        else:
+            drafter = ModelDrafter(self.drafter_model) if run.kind == "model" else Cycling()
+            spec = Speculation(drafter, run.depth, DepthStats(max_depth=run.depth))
         request = Generate(f"warm-{i}", False, run.params, prompt=TEXT,
                            speculation=True, draft_depth=run.depth, prompt_cache=False)
         self.engine.submit(Work(request, prompt_ids(self.tokenizer, run.prompt_tokens),
                                 "fp16", spec=spec))
         self.current = request.request_id, run
+
+    @property
+    def measured(self) -> dict[bool, dict[int, float]]:
+        """The measure runs' round seconds by depth (0: a plain token), by band."""
+        return {sampled: dict(s.seconds) for sampled, s in self.figures.items()}
 
     def _ended(self, rid: str, run: Run) -> None:
         error = self.seen.error(rid)
@@ -230,9 +269,12 @@ class Warming:
 
 
 def warm_up(model: Any, tokenizer: Any, context_length: int, width: int,
-            drafter_model: Any = None, runs: list[Run] | None = None) -> Warmed:
+            drafter_model: Any = None, runs: list[Run] | None = None,
+            on_measured: Callable[[dict[bool, dict[int, float]]], None] | None = None
+            ) -> Warmed:
     """The whole warm-up at once (`Warming`'s steps, one after another)."""
-    warming = Warming(model, tokenizer, context_length, width, drafter_model, runs)
+    warming = Warming(model, tokenizer, context_length, width, drafter_model, runs,
+                      on_measured)
     while warming.step():
         pass
     assert warming.warmed is not None

@@ -309,7 +309,8 @@ class SeatWorker:
             try:
                 engine.idle = warm_shapes.Warming(got.model, got.tokenizer,
                                                   got.context_length, width,
-                                                  spec.drafter_model).step
+                                                  spec.drafter_model,
+                                                  on_measured=spec.take_times).step
             except Exception as exc:
                 log.warning("warm_up_failed", error=repr(exc))
         return Loaded(got.model, got.tokenizer, got.context_length, got.tokenizer_hash, cap,

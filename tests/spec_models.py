@@ -65,6 +65,24 @@ ladder = ["s"]
     return SeatSpeculation(config, config.seat[0], model, tokenizer_hash)
 
 
+def model_seat(model: Any, tokenizer_hash: str) -> Any:
+    """The speculation set-up of a seat on `model` with the demo drafter, its depth
+    adaptive (the default seat's)."""
+    from seatd.speculation import SeatSpeculation
+    from shared.config import parse_config
+
+    config = parse_config(f"""
+[[seat]]
+name = "s"
+model = "unused"
+drafter = {{ kind = "model", path = "{drafter_dir()}" }}
+[[route]]
+model = "s"
+ladder = ["s"]
+""")
+    return SeatSpeculation(config, config.seat[0], model, tokenizer_hash)
+
+
 def lookup_plan_declines(model: Any) -> list[str | None]:
     """The decline reasons a lookup-drafter seat on `model` gives on the fp16 and q8 lanes."""
     from shared.protocol import Generate, SamplingParams

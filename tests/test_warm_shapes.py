@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from seatd import warm_shapes
-from seatd.adaptive import MAX_DEPTH
+from seatd.adaptive import MAX_DEPTH, DepthStats
 from seatd.batch import Engine
 from seatd.drafter_choice import LOOKUP_MAX_DEPTH
 from tests.spec_models import drafter_dir, target_dir
@@ -52,11 +52,20 @@ def test_the_plan_covers_every_capacity_and_the_model_drafters_depths_in_both_ba
     assert {(r.prompt_tokens, r.params.temperature > 0) for r in lookup} == {
         (p, s) for p in (1800, 1544, 1288, 1032, 776, 520, 264, 30) for s in (False, True)}
     both = warm_shapes.plan(True, 2048)
-    assert {(r.depth, r.params.temperature > 0) for r in both if r.kind == "model"} == {
+    assert {(r.depth, r.params.temperature > 0) for r in both
+            if r.kind == "model" and not r.measure} == {
         (d, s) for d in range(1, MAX_DEPTH + 1) for s in (False, True)}
     # a model drafter's request leaves room for a round of its depth after its first token
-    assert all(r.params.max_tokens == r.depth + 2 for r in both if r.kind == "model")
+    compiling = [r for r in both if r.kind == "model" and not r.measure]
+    assert all(r.params.max_tokens == r.depth + 2 for r in compiling)
     assert all(r.params.seed is not None for r in both if r.params.temperature > 0)
+    # then, last, every depth from a plain token up is timed for some rounds in each band
+    measure = [r for r in both if r.measure]
+    assert both[-len(measure):] == measure
+    assert {(r.depth, r.params.temperature > 0) for r in measure} == {
+        (d, s) for d in range(MAX_DEPTH + 1) for s in (False, True)}
+    assert all(r.params.max_tokens >= 4 * (r.depth + 1) for r in measure)
+    assert not any(r.measure for r in warm_shapes.plan(False, 2048))  # no drafter to time
 
 
 def test_the_warm_up_runs_every_width_at_each_capacity_through_the_engine(
@@ -81,7 +90,7 @@ def test_the_warm_up_runs_every_width_at_each_capacity_through_the_engine(
     monkeypatch.setattr(Engine, "_verify_step", counting)
     full = warm_shapes.plan(True, target.context_length)
     runs = [r for r in full if r.kind == "lookup" and r.prompt_tokens in (30, 264)] + \
-        [r for r in full if r.kind == "model" and r.depth == 3]
+        [r for r in full if r.kind == "model" and r.depth == 3 and not r.measure]
     warmed = warm_shapes.warm_up(target.model, target.tokenizer, target.context_length,
                                  output_width(target.model), drafter.model, runs)
     assert warmed.requests == len(runs) == 6 and warmed.failed == 0
@@ -129,11 +138,13 @@ def test_a_seat_on_a_gpu_warms_up_in_its_engines_idle_time_and_loads_even_if_tha
     from shared.config import parse_config
 
     calls: list[Any] = []
+    handed: list[Any] = []
 
     class Warming:
         def __init__(self, model: Any, tokenizer: Any, context_length: int, width: int,
-                     drafter_model: Any = None) -> None:
+                     drafter_model: Any = None, on_measured: Any = None) -> None:
             calls.append(drafter_model)
+            handed.append(on_measured)
             if fails:
                 raise RuntimeError("no kernel for this shape")
 
@@ -150,6 +161,8 @@ def test_a_seat_on_a_gpu_warms_up_in_its_engines_idle_time_and_loads_even_if_tha
     loaded = seat.load()
     assert loaded.engine is not None
     assert len(calls) == 1 and calls[0] is loaded.speculation.drafter_model is not None
+    # what it measures goes to the seat's own figures
+    assert handed[0] == loaded.speculation.take_times
     assert (loaded.engine.idle is None) is fails
     seat.loaded = loaded
     assert seat.pong(0.0).warming is not fails  # its pongs say so, for /health
@@ -222,3 +235,36 @@ def test_a_request_is_served_while_the_seat_warms_up_and_the_warm_up_still_ends(
         cold.stop()
         cold_thread.join()
     assert got.token_ids == want.token_ids and got.text == want.text
+
+
+def test_the_measure_runs_time_each_depth_and_hand_the_seat_its_figures() -> None:
+    """The warm-up's last requests, every shape compiled, time a plain token and a round
+    at each depth, in each band, through the real engine; the seat's bands start from
+    those times (and no acceptance), so its first request has a round policy."""
+    from seatd.engine_types import output_width
+    from seatd.model_load import load_for_compute
+    from shared.protocol import Generate, SamplingParams
+    from tests.spec_models import model_seat
+
+    target = load_for_compute(target_dir(), None)
+    drafter = load_for_compute(drafter_dir(), None)
+    runs = [r for r in warm_shapes.plan(True, target.context_length)
+            if r.measure and r.depth in (0, 2)]
+    got: list[dict[bool, dict[int, float]]] = []
+    warmed = warm_shapes.warm_up(target.model, target.tokenizer, target.context_length,
+                                 output_width(target.model), drafter.model, runs, got.append)
+    assert warmed.requests == len(runs) == 4 and warmed.failed == 0
+    assert len(got) == 1 and set(got[0]) == {False, True}
+    for sampled in (False, True):
+        # (a round near a request's end drafts what room is left: a depth of its own)
+        assert set(got[0][sampled]) >= {0, 2} and all(t > 0 for t in got[0][sampled].values())
+    seat = model_seat(target.model, target.tokenizer_hash)
+    request = Generate("r", False, SamplingParams(temperature=0, max_tokens=8))
+    fresh = seat.plan(request, "fp16")
+    assert fresh is not None and fresh.policy is None  # a warm depth, pinned
+    seat.take_times({False: {**got[0][False], 1: got[0][False][2] * 0.8}})
+    seeded = seat.plan(request, "fp16")
+    assert seeded is not None and seeded.policy is not None
+    assert seeded.policy.seconds[0] == got[0][False][0]
+    assert seat.bands[False].accept == DepthStats().accept
+    assert seat.bands[True].seconds == {}  # the band it was not given
