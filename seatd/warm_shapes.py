@@ -35,7 +35,9 @@ batch's shapes compile as batches meet them), in both temperature bands:
   (`seatd.adaptive.WARM_ORDER`): through the batching bench on an H100 with the demo
   pair, where a depth-3 round of the model drafter took 5.5-8.7 ms against 2.5 ms for a
   plain token, the default seat served one client at 0.44x its own plain path's
-  tokens/s.  With them its first request's rounds are chosen on this device's costs.
+  tokens/s.  With them its first request's rounds are chosen on this device's costs
+  (the same bench after this change still read 0.46x there: that seat's time goes
+  elsewhere too, README's GPU section says what is open).
 
 A prompt past WARM_CONTEXT compiles its shapes as it meets them.  The seat's own
 figures (`seatd.speculation.SeatSpeculation`) are not touched while shapes compile:
