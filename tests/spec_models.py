@@ -48,26 +48,8 @@ def greedy_consistent(model: Any, prompt: Sequence[int], out: Sequence[int],
     return [i for i, bad in enumerate((best - got > tol).tolist()) if bad]
 
 
-def lookup_seat(model: Any, tokenizer_hash: str = "h") -> Any:
-    """The speculation set-up of a seat on `model` whose only drafter is prompt lookup."""
-    from seatd.speculation import SeatSpeculation
-    from shared.config import parse_config
-
-    config = parse_config("""
-[[seat]]
-name = "s"
-model = "unused"
-drafter = { kind = "lookup" }
-[[route]]
-model = "s"
-ladder = ["s"]
-""")
-    return SeatSpeculation(config, config.seat[0], model, tokenizer_hash)
-
-
-def model_seat(model: Any, tokenizer_hash: str) -> Any:
-    """The speculation set-up of a seat on `model` with the demo drafter, its depth
-    adaptive (the default seat's)."""
+def _seat(model: Any, tokenizer_hash: str, drafter: str) -> Any:
+    """The speculation set-up of a seat on `model` with this drafter (a TOML table)."""
     from seatd.speculation import SeatSpeculation
     from shared.config import parse_config
 
@@ -75,12 +57,23 @@ def model_seat(model: Any, tokenizer_hash: str) -> Any:
 [[seat]]
 name = "s"
 model = "unused"
-drafter = {{ kind = "model", path = "{drafter_dir()}" }}
+drafter = {drafter}
 [[route]]
 model = "s"
 ladder = ["s"]
 """)
     return SeatSpeculation(config, config.seat[0], model, tokenizer_hash)
+
+
+def lookup_seat(model: Any, tokenizer_hash: str = "h") -> Any:
+    """The speculation set-up of a seat on `model` whose only drafter is prompt lookup."""
+    return _seat(model, tokenizer_hash, '{ kind = "lookup" }')
+
+
+def model_seat(model: Any, tokenizer_hash: str) -> Any:
+    """The speculation set-up of a seat on `model` with the demo drafter, its depth
+    adaptive (the default seat's)."""
+    return _seat(model, tokenizer_hash, f'{{ kind = "model", path = "{drafter_dir()}" }}')
 
 
 def lookup_plan_declines(model: Any) -> list[str | None]:

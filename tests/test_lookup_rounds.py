@@ -19,9 +19,8 @@ from seatd.engine_io import Transcript, Work
 from seatd.engine_types import DecodeResult, output_width
 from seatd.kv_budget import KVBudget
 from seatd.speculation import SeatSpeculation
-from shared.config import parse_config
 from shared.protocol import Generate, SamplingParams
-from tests.spec_models import drafter_dir, lookup_seat, snippet, target_dir
+from tests.spec_models import lookup_seat, model_seat, snippet, target_dir
 
 COPY = "Repeat this code exactly:\n\n" + snippet(700) + "\n\nRepeated:\n\n"
 TIMES = {0: 0.040, **{k: 0.045 + 0.010 * k for k in range(1, 7)}}  # a model round by depth
@@ -37,16 +36,7 @@ def target() -> Any:
 def seat(target: Any, accept: float) -> SeatSpeculation:
     """The demo seat's speculation, past its warm-up: model rounds cost TIMES, the
     drafter keeps `accept` of each position, and the cost model has seen verifies."""
-    config = parse_config(f"""
-[[seat]]
-name = "s"
-model = "unused"
-drafter = {{ kind = "model", path = "{drafter_dir()}" }}
-[[route]]
-model = "s"
-ladder = ["s"]
-""")
-    spec = SeatSpeculation(config, config.seat[0], target.model, target.tokenizer_hash)
+    spec: SeatSpeculation = model_seat(target.model, target.tokenizer_hash)
     for stats in spec.bands.values():
         for k, t in TIMES.items():
             stats.seen[k], stats.seconds[k] = 1, t
