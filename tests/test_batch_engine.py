@@ -509,3 +509,35 @@ def test_a_row_the_worker_calls_complete_ends_as_stopped(pair: tuple[Any, Any, A
     assert told.error("a") is None and a is not None and a.finish_reason == "stop"
     assert a.completion_tokens < 40
     assert b is not None and b.completion_tokens == 40
+
+
+def test_seeded_rows_sampling_by_temperature_alone_draw_together_and_keep_their_bytes(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows whose sampling is temperature alone (seeded) and a greedy row, batched: their
+    plain steps draw in one operation (`Engine._sample_tempered`), and every answer is
+    the one its request gets alone."""
+    model, tok, _ = pair
+    together: list[int] = []
+    real = Engine._sample_tempered
+
+    def counted(logits: Any, rows: Any) -> Any:
+        together.append(len(rows))
+        return real(logits, rows)
+
+    monkeypatch.setattr(Engine, "_sample_tempered", staticmethod(counted))
+    params = {"a": SamplingParams(max_tokens=20, temperature=0.7, seed=11),
+              "b": SamplingParams(max_tokens=20, temperature=1.2, seed=12),
+              "c": SamplingParams(max_tokens=20, temperature=0)}
+    prompts = {"a": PROMPTS[0], "b": PROMPTS[1], "c": PROMPTS[2]}
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    for rid, p in params.items():
+        engine.submit(Work(Generate(rid, False, p, prompt="-"), tok.encode(prompts[rid]),
+                           "fp16"))
+    told = drive(engine, 3)
+    assert max(together) == 3, "the three rows drew together"
+    for rid, p in params.items():
+        got = told.result(rid)
+        assert got is not None
+        want = decode(model, tok, tok.encode(prompts[rid]), p, kv="fp16",
+                      context_length=2048)
+        assert got.token_ids == want.token_ids, rid
