@@ -17,7 +17,11 @@ Runs on the worker's MLX thread, one step at a time:
 Each row has its own sampling parameters and draws (`seatd.sampling`: a seeded row's
 noise is keyed by its own seed and answer position, so its neighbours never change
 its randomness), its own stops and budget (`seatd.answer`), its own drafter and
-counters.  A row's error ends that row only: the batch goes on without it.
+counters.  A row's error ends that row only: the batch goes on without it.  A row's
+model drafter takes the prompt as the row does, alone always, in a batch only where a
+verify step of its batch's size was not measured to lose at what the row's policy
+expects a round to keep (`seatd.batch_policy.drafter_due`); it catches up when that
+changes or the row is left alone, and the row drafts by lookup meanwhile.
 
 A row may shape its logits (`seatd.shaping`: a grammar's mask, penalties, logit bias),
 identically in a plain step, at every position of a verified block and in its drafter's
@@ -74,7 +78,15 @@ import structlog
 from seatd import prefill_rows, recurrent
 from seatd.adaptive import DepthStats, RoundPolicy, observe, park_tokens
 from seatd.answer import Answer
-from seatd.batch_policy import StepCosts, StepPlan, decide_step, paced, ride_tokens
+from seatd.batch_policy import (
+    NOT_PROFITABLE,
+    StepCosts,
+    StepPlan,
+    decide_step,
+    drafter_due,
+    paced,
+    ride_tokens,
+)
 from seatd.drafter_choice import JUDGE_TOKENS, Choice, choose, trusts
 from seatd.drafters import LookupDrafter, ModelDrafter
 from seatd.engine_io import Admission, Ended, Fixed, Outbox, RowCancelled, Started, Text, Work
@@ -661,7 +673,8 @@ class Engine:
             if resume is not None and resume.keep is not None and group.done == resume.keep_at:
                 resume.keep(take(group.cache, b) if len(group.rows) > 1 else group.cache)
             # Nobody waits on it: the drafter takes whole chunks, as a request alone's.
-            self._drafter_prefill(row, max(n, PREFILL_FLOOR) if decoding else PREFILL_CHUNK)
+            if self._drafter_due(row):
+                self._drafter_prefill(row, max(n, PREFILL_FLOOR) if decoding else PREFILL_CHUNK)
         if n > 0 and started is not None:
             self.prefill_cost.observe(n * len(group.rows), group.done - n / 2,
                                       time.perf_counter() - started)
@@ -685,6 +698,26 @@ class Engine:
         group.rows = [group.rows[i] for i in rest]
         self.joining.remove(row)
         self._finish(row, error)
+
+    def _drafter_due(self, row: Row) -> bool:
+        """Whether the row's model drafter takes its prompt now
+        (`seatd.batch_policy.drafter_due`, in the batch of its lane's rows and those
+        joining it, at what the row's own policy expects a round to keep); a row passed
+        over reports why, unless its report already says otherwise."""
+        spec = row.work.spec
+        if spec is None or row.draft.drafter_in or not row.draft.speculating \
+                or getattr(spec.drafter, "advance", None) is None:
+            return True
+        lane = self.lanes.get(row.lane)
+        batch = (len(lane.rows) if lane is not None else 0) + sum(
+            1 for r in self.joining if r.lane == row.lane and r is not row) + (
+            0 if lane is not None and row in lane.rows else 1)
+        policy = spec.policy
+        due = drafter_due(self.costs, batch, policy.expected if policy is not None
+                          else spec.stats.expected_tokens, spec.depth)
+        if not due and row.report.state == "declined:no_proposal":
+            row.report.state = f"declined:{NOT_PROFITABLE}"
+        return due
 
     def _drafter_prefill(self, row: Row, budget: int) -> bool:
         """The row's model drafter takes the prompt in step with the target (a row whose
@@ -874,7 +907,8 @@ class Engine:
         room = min(row.answer.budget - row.issued,
                    self.context_length - len(row.work.prompt) - (row.issued - row.start)) - 1
         if not row.draft.drafter_in:  # its drafter is still taking the prompt
-            self._drafter_prefill(row, self._catch_up_tokens())
+            if self._drafter_due(row):
+                self._drafter_prefill(row, self._catch_up_tokens())
             return self._lookup_only(row, room) if row.draft.speculating else (0, 1.0)
         if isinstance(spec.drafter, LookupDrafter) and spec.lookup_policies is not None:
             return self._lookup_alone(row, room)

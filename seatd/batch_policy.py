@@ -6,6 +6,7 @@ by batch size and tokens per row, drafting included in a verify step's time):
     plan_step(wants, batch, costs, joining) -> depth per row (all 0: a plain step)
     decide_step(wants, batch, costs, joining) -> StepPlan   the depths, and the rows whose
                                    wish to draft the step passed over, with the reason
+    drafter_due(costs, batch, expected)   whether a row's model drafter takes its prompt now
     paced(arrived, began)          whether a joining group keeps to the decoding rows' pace
     ride_tokens(ride, own, limit, n, first)   a joining prompt's tokens riding a step
 
@@ -57,7 +58,7 @@ which tokens a seeded row gets never depends on it
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from seatd.moving_average import moving
@@ -67,6 +68,7 @@ PROBE_EVERY = 64  # plain steps at one batch size between probes of a verify ste
 SETTLED = 2  # timed plain steps of a size before a verify step is judged against them
 PROBE_SHARE = 0.05  # a losing size's probes cost at most this share of the time between
 PROBE_CAP = 1024  # ... with at most this many plain steps between two
+JOINING, NOT_PROFITABLE = "prompt_joining", "batch_not_profitable"  # why a step is plain
 
 
 def size_class(batch: int) -> int:
@@ -123,6 +125,48 @@ def probe_every(plain: float, verify: float) -> int:
     return max(PROBE_EVERY, min(PROBE_CAP, math.ceil(excess / (plain * PROBE_SHARE))))
 
 
+def probe_near(costs: StepCosts, batch: int) -> bool:
+    """Whether a batch of this size is at least half way from its last verify step to
+    the next probe of one (`probe_every`, against its quickest measured verify width),
+    or has no plain time or verify time measured to judge by.  Pure."""
+    c = size_class(batch)
+    plain = costs.time(batch, 1)
+    verifies = [t for (k, w), t in costs.seconds.items() if k == c and w > 1]
+    if plain is None or not verifies:
+        return True
+    return 2 * costs.plain_since_probe.get(c, 0) >= probe_every(plain, min(verifies))
+
+
+def drafter_due(costs: StepCosts, batch: int, expected: Callable[[int], float],
+                deepest: int) -> bool:
+    """Whether a row's model drafter should take its prompt now, the row decoding (or
+    about to) in a batch of this many rows.  Alone, always.  In a batch, unless every
+    verify width measured at its size has lost to a plain step even were every row to
+    keep what its own policy expects a round of that depth to keep (`expected(depth)`
+    tokens a round, `deepest` the deepest it drafts): a verify step of width w yields
+    expected(w - 1) tokens a row in t(B, w), a plain one 1 in t(B, 1).  Where nothing
+    says so (no settled plain time, no verify width up to deepest + 1 measured) it is
+    due, and so it is where a probe of a verify step nears (`probe_near`), so the rows
+    have drafters to be probed with.  Pure.
+
+    A drafter's prefill is a forward per chunk of the prompt, each row's own, for drafts
+    such a batch does not verify: measured through the batching bench on an H100 (demo
+    pair, 8 clients), the default seat's drafters took 43-229 ms of slots of 0.8-1.5 s
+    while it verified 1-2 steps a slot.  A row passed over here drafts by lookup
+    meanwhile, and its drafter catches up (prompt, then every answer token since:
+    `seatd.drafters.ModelDrafter.plain`) once it is due."""
+    if batch <= 1:
+        return True
+    c = size_class(batch)
+    plain = costs.time(batch, 1)
+    verifies = {w: t for (k, w), t in costs.seconds.items() if k == c and 1 < w <= deepest + 1}
+    if plain is None or not costs.settled(batch) or not verifies:
+        return True
+    if any(expected(w - 1) * plain > t for w, t in verifies.items()):
+        return True
+    return probe_near(costs, batch)
+
+
 def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts,
               joining: bool = False) -> list[int]:
     """The draft depth of each row for the next step (all zeros: a plain step)."""
@@ -174,7 +218,7 @@ def decide_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts
     depths = tuple(plan_step(wants, batch, costs, joining))
     if any(depths) or not any(d for d, _ in wants):
         return StepPlan(depths)
-    why = "prompt_joining" if joining else "batch_not_profitable"
+    why = JOINING if joining else NOT_PROFITABLE
     return StepPlan(depths, tuple((b, why) for b, (d, _) in enumerate(wants) if d))
 
 

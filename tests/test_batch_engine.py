@@ -541,3 +541,46 @@ def test_seeded_rows_sampling_by_temperature_alone_draw_together_and_keep_their_
         want = decode(model, tok, tok.encode(prompts[rid]), p, kv="fp16",
                       context_length=2048)
         assert got.token_ids == want.token_ids, rid
+
+
+@pytest.mark.parametrize("loses", [True, False])
+def test_rows_of_a_batch_where_verifying_loses_take_no_drafter_prefill_until_alone(
+        pair: tuple[Any, Any, Any], loses: bool) -> None:
+    """Two speculating requests arriving together join a batch of 2.  Where a verify step
+    of 2 rows was measured at 100 plain ones (a loss at any acceptance), neither row's
+    model drafter takes the prompt while they decode together, their reports say why, and
+    the row left alone catches its drafter up; where it costs 1.1 plain ones, both
+    drafters take their prompts as they join.  Either way every answer is its own alone."""
+    model, tok, drafter = pair
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    engine.costs.seconds[(2, 1)], engine.costs.timed[(2, 1)] = 0.01, SETTLED
+    for w in range(2, 17):
+        engine.costs.seconds[(2, w)] = 1.0 if loses else 0.011
+        engine.costs.timed[(2, w)] = SETTLED
+    prompts = {"a": tok.encode("def fibonacci(n):"), "b": tok.encode("class Stack:")}
+    budgets = {"a": 6, "b": 30}
+    drafters = {rid: ModelDrafter(drafter) for rid in prompts}
+    fed: dict[str, list[int]] = {rid: [] for rid in prompts}
+    states: set[str] = set()
+    for rid, prompt in prompts.items():
+        params = SamplingParams(max_tokens=budgets[rid], temperature=0)
+        engine.submit(Work(Generate(rid, False, params, prompt="-"), prompt, "fp16",
+                           spec=Speculation(drafters[rid], 3, DepthStats())))
+    told = Transcript()
+    while len(told.ended) < 2:
+        engine.step()
+        told.read(engine.outbox)
+        rows = [r for lane in engine.lanes.values() for r in lane.rows]
+        if len(rows) == 2:
+            for r in rows:
+                fed[r.rid].append(drafters[r.rid]._done)
+                states.add(r.report.state)
+    assert fed["a"] and fed["b"], "the two rows decoded together"
+    if loses:
+        assert all(n == 0 for n in fed["a"] + fed["b"]), ("no drafter prefill beside", fed)
+        assert states == {"declined:batch_not_profitable"}
+        assert drafters["b"]._done == len(prompts["b"]) - 1, "alone, its drafter caught up"
+        assert drafters["a"]._done == 0
+    else:
+        assert all(n == len(prompts[rid]) - 1 for rid in fed for n in fed[rid])
+    each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})

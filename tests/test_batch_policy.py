@@ -3,6 +3,8 @@ rows' pace, and how much of it rides their step."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from seatd.batch_policy import (
@@ -11,9 +13,11 @@ from seatd.batch_policy import (
     StepCosts,
     StepPlan,
     decide_step,
+    drafter_due,
     paced,
     plan_step,
     probe_every,
+    probe_near,
     ride_tokens,
     size_class,
 )
@@ -223,3 +227,67 @@ def test_a_step_counted_without_its_time_still_brings_the_probe_due() -> None:
     c.observe(8, 4, None)  # it was taken, with a prompt riding: no time, but counted
     assert c.time(8, 4) == 0.5
     assert plan_step(wants, 8, c) == [0] * 8  # plain again until the next is due
+
+
+def _since(c: StepCosts, cls: int, steps: int) -> StepCosts:
+    c.plain_since_probe[cls] = steps
+    return c
+
+
+HALF_180 = (probe_every(0.01, 0.1) + 1) // 2  # 0.09 s more a probe: 180 plain steps
+HALF_80 = (probe_every(0.01, 0.05) + 1) // 2  # the quickest width: 80
+
+
+@pytest.mark.parametrize(("c", "batch", "near", "why"), [
+    (costs(), 8, True, "nothing measured: a verify step is still to be tried"),
+    (costs(p8=0.01), 8, True, "no verify width measured at this size"),
+    (costs(v8_4=0.1), 8, True, "no plain time to judge by"),
+    (_since(costs(p8=0.01, v8_4=0.1), 8, HALF_180 - 1), 8, False, "short of half way"),
+    (_since(costs(p8=0.01, v8_4=0.1), 8, HALF_180), 8, True, "half way to the probe"),
+    (_since(costs(p8=0.01, v8_4=0.1, v8_2=0.05), 8, HALF_80 - 1), 8, False,
+     "the quickest width sets the interval"),
+    (_since(costs(p8=0.01, v8_4=0.1, v8_2=0.05), 8, HALF_80), 8, True, "half of its"),
+    (_since(costs(p8=0.01, v8_4=0.1, v4_4=0.05), 8, HALF_180 - 1), 8, False,
+     "another size's figures are its own"),
+    (_since(costs(p8=0.01, v8_4=0.1), 5, HALF_180 - 1), 5, False, "5 rows: the class of 8"),
+])
+def test_probe_near(c: StepCosts, batch: int, near: bool, why: str) -> None:
+    assert 170 < 2 * HALF_180 < 190 and 70 < 2 * HALF_80 < 90  # not PROBE_EVERY's floor
+    assert probe_near(c, batch) is near, why
+
+
+def keeps(accept: float) -> Callable[[int], float]:
+    """Expected tokens of a round of depth d where each drafted token is kept with
+    probability `accept` (a row's policy, as a table)."""
+    return lambda d: sum(accept**i for i in range(d + 1))
+
+
+@pytest.mark.parametrize(("c", "batch", "accept", "deepest", "due", "why"), [
+    (costs(p8=0.01, v8_4=0.1), 1, 0.9, 6, True, "a row alone always drafts"),
+    (costs(), 8, 0.5, 6, True, "nothing measured at this size"),
+    (costs(p8=0.01), 8, 0.5, 6, True, "no verify width measured: one is still to be tried"),
+    (costs(v8_4=0.1), 8, 0.5, 6, True, "no plain time"),
+    (costs(p8=0.01, v8_4=0.1), 8, 0.9, 6, False,
+     "3.4 tokens in 100 ms against 1 in 10 ms: a loss at any acceptance this row expects"),
+    (costs(p8=0.01, v8_4=0.03), 8, 0.9, 6, True, "3.4 tokens in 30 ms beat 1 in 10 ms"),
+    (costs(p8=0.01, v8_4=0.03), 8, 0.3, 6, False, "1.4 tokens in 30 ms lose to 3 in 30 ms"),
+    (costs(p8=0.01, v8_4=0.1, v8_2=0.015), 8, 0.6, 6, True,
+     "one width wins (1.6 tokens in 15 ms), so the drafter may pay"),
+    (costs(p8=0.01, v8_4=0.03), 8, 0.9, 2, True,
+     "a width deeper than the row drafts says nothing of it"),
+    (costs(p8=0.01, v8_4=0.1, v4_4=0.02), 4, 0.9, 6, True, "another size's figures are its own"),
+    (costs(p8=0.01, v8_4=0.1), 5, 0.9, 6, False, "5 rows: the class of 8"),
+    (_since(costs(p8=0.01, v8_4=0.1), 8, HALF_180), 8, 0.9, 6, True,
+     "a probe nears: the rows need drafters to be probed with"),
+])
+def test_drafter_due(c: StepCosts, batch: int, accept: float, deepest: int, due: bool,
+                     why: str) -> None:
+    assert drafter_due(c, batch, keeps(accept), deepest) is due, why
+
+
+def test_drafter_due_waits_for_a_settled_plain_time() -> None:
+    c = costs(p8=0.01, v8_4=0.1)
+    c.timed[(8, 1)] = SETTLED - 1
+    assert drafter_due(c, 8, keeps(0.9), 6)
+    c.timed[(8, 1)] = SETTLED
+    assert not drafter_due(c, 8, keeps(0.9), 6)
