@@ -20,8 +20,9 @@ its randomness), its own stops and budget (`seatd.answer`), its own drafter and
 counters.  A row's error ends that row only: the batch goes on without it.  A row's
 model drafter takes the prompt as the row does, alone always, in a batch only where a
 verify step of its batch's size was not measured to lose at what the row's policy
-expects a round to keep (`seatd.batch_policy.drafter_due`); it catches up when that
-changes or the row is left alone, and the row drafts by lookup meanwhile.
+expects a round to keep, nor to save too little over the row's budget to repay the
+batch's drafter prefills at their measured cost (`seatd.batch_policy.drafter_due`); it
+catches up when that changes or the row is left alone, drafting by lookup meanwhile.
 
 A row may shape its logits (`seatd.shaping`: a grammar's mask, penalties, logit bias),
 identically in a plain step, at every position of a verified block and in its drafter's
@@ -79,6 +80,7 @@ from seatd import prefill_rows, recurrent
 from seatd.adaptive import DepthStats, RoundPolicy, observe, park_tokens
 from seatd.answer import Answer
 from seatd.batch_policy import (
+    ALPHA,
     NOT_PROFITABLE,
     StepCosts,
     StepPlan,
@@ -98,6 +100,7 @@ from seatd.engine_types import (
     make_cache,
 )
 from seatd.kv_budget import KVBudget
+from seatd.moving_average import moving
 from seatd.prefill_rows import KV_LAYERS, PrefillCost, RideCost, stack, stackable, take
 from seatd.rows_cache import SLACK, OneRow, Rider, RowsCache, lane_cache
 from seatd.rows_drafter import Ask, RowsDrafter
@@ -265,6 +268,10 @@ class Engine:
         self.groups: list[Group] = []
         self.lanes: dict[str, Lane] = {}
         self.costs = StepCosts()
+        # A model drafter's prefill, seconds a prompt token (moving), and how many
+        # prefills it averages (`_drafter_took`): what a row's drafter costs to take in
+        self.drafter_rate: float | None = None
+        self.drafter_seen = 0
         self.stopped = False
         self.batch_sizes: dict[int, int] = {}  # steps seen at each batch size
         self.kv_bytes = 0  # the batch's KV now, refreshed after every step
@@ -713,11 +720,23 @@ class Engine:
             1 for r in self.joining if r.lane == row.lane and r is not row) + (
             0 if lane is not None and row in lane.rows else 1)
         policy = spec.policy
+        to_take = getattr(spec.drafter, "to_take", None)
+        prefill_s = (self.drafter_rate * to_take
+                     if self.drafter_rate is not None and to_take is not None else None)
         due = drafter_due(self.costs, batch, policy.expected if policy is not None
-                          else spec.stats.expected_tokens, spec.depth)
+                          else spec.stats.expected_tokens, spec.depth,
+                          row.answer.budget - row.issued, prefill_s)
         if not due and row.report.state == "declined:no_proposal":
             row.report.state = f"declined:{NOT_PROFITABLE}"
         return due
+
+    def _drafter_took(self, tokens: int, seconds: float) -> None:
+        """A model drafter's prefill took `tokens` prompt tokens in `seconds`: its
+        seconds a token, a moving average (`drafter_rate`)."""
+        if tokens > 0:
+            self.drafter_rate = moving(self.drafter_rate, seconds / tokens, ALPHA,
+                                       self.drafter_seen)
+            self.drafter_seen += 1
 
     def _drafter_prefill(self, row: Row, budget: int) -> bool:
         """The row's model drafter takes the prompt in step with the target (a row whose
@@ -733,7 +752,10 @@ class Engine:
                 spec.drafter.start(row.work.prompt)
                 row.draft.drafter_in = True
             else:
+                before, started = getattr(spec.drafter, "taken", 0), time.perf_counter()
                 row.draft.drafter_in = bool(advance(budget))
+                self._drafter_took(getattr(spec.drafter, "taken", 0) - before,
+                                   time.perf_counter() - started)
             return row.draft.drafter_in
         except Exception as exc:  # a drafter's fault is a decline
             log.warning("drafter_failed", error=repr(exc), request_id=row.rid)

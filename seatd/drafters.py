@@ -93,6 +93,16 @@ class ModelDrafter:
             self._done += step
         return self._done >= upto
 
+    @property
+    def taken(self) -> int:
+        """Prompt tokens its cache holds so far (`advance`)."""
+        return self._done
+
+    @property
+    def to_take(self) -> int:
+        """Prompt tokens `advance` has still to take."""
+        return max(0, int(self._prompt.shape[0]) - 1 - self._done)
+
     def propose(self, k: int, params: SamplingParams, draws: Draws,
                 position: int, shaper: Shaper | None = None) -> Draft:
         x = mx.array(self.pending, dtype=mx.uint32)[None]

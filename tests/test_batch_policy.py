@@ -285,6 +285,23 @@ def test_drafter_due(c: StepCosts, batch: int, accept: float, deepest: int, due:
     assert drafter_due(c, batch, keeps(accept), deepest) is due, why
 
 
+@pytest.mark.parametrize(("left", "prefill_s", "batch", "due", "why"), [
+    (96, None, 8, True, "no drafter prefill measured yet"),
+    (96, 0.01, 8, True, "96 tokens at 7.5 ms saved repay 8 prefills of 10 ms"),
+    (96, 0.1, 8, False, "... not 8 of 100 ms (0.72 s against 0.8 s)"),
+    (96, 0.1, 7, True, "7 rows of 100 ms: 0.7 s"),
+    (10, 0.01, 8, False, "10 tokens left save 75 ms, against 80 ms of prefill"),
+    (0, 0.0, 8, True, "nothing to take: nothing to repay"),
+])
+def test_drafter_due_repays_the_batchs_drafter_prefill(left: int, prefill_s: float | None,
+                                                       batch: int, due: bool, why: str) -> None:
+    """A width that wins (4 tokens a row in 10 ms against 1 in 10 ms: 7.5 ms a token
+    saved) makes a drafter due only where the row's tokens left at that saving repay
+    the batch's drafter prefills."""
+    c = costs(p8=0.01, v8_4=0.01)
+    assert drafter_due(c, batch, lambda d: d + 1.0, 6, left, prefill_s) is due, why
+
+
 def test_drafter_due_waits_for_a_settled_plain_time() -> None:
     c = costs(p8=0.01, v8_4=0.1)
     c.timed[(8, 1)] = SETTLED - 1
