@@ -550,7 +550,8 @@ def test_rows_of_a_batch_where_verifying_loses_take_no_drafter_prefill_until_alo
     of 2 rows was measured at 100 plain ones (a loss at any acceptance), neither row's
     model drafter takes the prompt while they decode together, their reports say why, and
     the row left alone catches its drafter up (its prefill timed, for the cost of the
-    next); where it costs 1.1 plain ones, both drafters take their prompts as they join.  Either way every answer is its own alone."""
+    next); where it costs 1.1 plain ones, both drafters take their prompts as they
+    join.  Either way every answer is its own alone."""
     model, tok, drafter = pair
     engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
     engine.costs.seconds[(2, 1)], engine.costs.timed[(2, 1)] = 0.01, SETTLED
