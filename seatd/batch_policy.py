@@ -125,18 +125,6 @@ def probe_every(plain: float, verify: float) -> int:
     return max(PROBE_EVERY, min(PROBE_CAP, math.ceil(excess / (plain * PROBE_SHARE))))
 
 
-def probe_near(costs: StepCosts, batch: int) -> bool:
-    """Whether a batch of this size is at least half way from its last verify step to
-    the next probe of one (`probe_every`, against its quickest measured verify width),
-    or has no plain time or verify time measured to judge by.  Pure."""
-    c = size_class(batch)
-    plain = costs.time(batch, 1)
-    verifies = [t for (k, w), t in costs.seconds.items() if k == c and w > 1]
-    if plain is None or not verifies:
-        return True
-    return 2 * costs.plain_since_probe.get(c, 0) >= probe_every(plain, min(verifies))
-
-
 def drafter_due(costs: StepCosts, batch: int, expected: Callable[[int], float],
                 deepest: int, left: int = 0, prefill_s: float | None = None) -> bool:
     """Whether a row's model drafter should take its prompt now, the row decoding (or
@@ -149,9 +137,11 @@ def drafter_due(costs: StepCosts, batch: int, expected: Callable[[int], float],
     nor where the batch's `left` tokens a row at that saving would not repay the
     drafters' prefill: `batch` rows each taking `prefill_s` seconds (this row's, by the
     drafter's measured cost), every row waiting on each.  Due where nothing says so (no
-    settled plain time, no width up to deepest + 1 measured, no prefill cost measured),
-    and, a loss, where a probe of a verify step nears (`probe_near`), so the rows have
-    drafters to be probed with.  Pure.
+    settled plain time, no width up to deepest + 1 measured, no prefill cost measured).
+    Pure.  A size judged a loss is probed again (`plan_step`) by rows that brought their
+    drafters from a batch where they were due, or from decoding alone: lifting the wait
+    for every row as a probe neared had the rows of a 16-client slot on this CPU take
+    their drafters' prompts (28 chunks, 745 ms) for one probe step of 107 ms.
 
     A drafter's prefill is a forward per chunk of the prompt, each row's own, for drafts
     such a batch does not verify, or verifies for too few tokens to repay: measured
@@ -170,7 +160,7 @@ def drafter_due(costs: StepCosts, batch: int, expected: Callable[[int], float],
         return True
     saving = max(plain - t / expected(w - 1) for w, t in verifies.items())
     if saving <= 0:
-        return probe_near(costs, batch)
+        return False
     return prefill_s is None or left * saving >= batch * prefill_s
 
 

@@ -17,7 +17,6 @@ from seatd.batch_policy import (
     paced,
     plan_step,
     probe_every,
-    probe_near,
     ride_tokens,
     size_class,
 )
@@ -229,33 +228,6 @@ def test_a_step_counted_without_its_time_still_brings_the_probe_due() -> None:
     assert plan_step(wants, 8, c) == [0] * 8  # plain again until the next is due
 
 
-def _since(c: StepCosts, cls: int, steps: int) -> StepCosts:
-    c.plain_since_probe[cls] = steps
-    return c
-
-
-HALF_180 = (probe_every(0.01, 0.1) + 1) // 2  # 0.09 s more a probe: 180 plain steps
-HALF_80 = (probe_every(0.01, 0.05) + 1) // 2  # the quickest width: 80
-
-
-@pytest.mark.parametrize(("c", "batch", "near", "why"), [
-    (costs(), 8, True, "nothing measured: a verify step is still to be tried"),
-    (costs(p8=0.01), 8, True, "no verify width measured at this size"),
-    (costs(v8_4=0.1), 8, True, "no plain time to judge by"),
-    (_since(costs(p8=0.01, v8_4=0.1), 8, HALF_180 - 1), 8, False, "short of half way"),
-    (_since(costs(p8=0.01, v8_4=0.1), 8, HALF_180), 8, True, "half way to the probe"),
-    (_since(costs(p8=0.01, v8_4=0.1, v8_2=0.05), 8, HALF_80 - 1), 8, False,
-     "the quickest width sets the interval"),
-    (_since(costs(p8=0.01, v8_4=0.1, v8_2=0.05), 8, HALF_80), 8, True, "half of its"),
-    (_since(costs(p8=0.01, v8_4=0.1, v4_4=0.05), 8, HALF_180 - 1), 8, False,
-     "another size's figures are its own"),
-    (_since(costs(p8=0.01, v8_4=0.1), 5, HALF_180 - 1), 5, False, "5 rows: the class of 8"),
-])
-def test_probe_near(c: StepCosts, batch: int, near: bool, why: str) -> None:
-    assert 170 < 2 * HALF_180 < 190 and 70 < 2 * HALF_80 < 90  # not PROBE_EVERY's floor
-    assert probe_near(c, batch) is near, why
-
-
 def keeps(accept: float) -> Callable[[int], float]:
     """Expected tokens of a round of depth d where each drafted token is kept with
     probability `accept` (a row's policy, as a table)."""
@@ -277,8 +249,6 @@ def keeps(accept: float) -> Callable[[int], float]:
      "a width deeper than the row drafts says nothing of it"),
     (costs(p8=0.01, v8_4=0.1, v4_4=0.02), 4, 0.9, 6, True, "another size's figures are its own"),
     (costs(p8=0.01, v8_4=0.1), 5, 0.9, 6, False, "5 rows: the class of 8"),
-    (_since(costs(p8=0.01, v8_4=0.1), 8, HALF_180), 8, 0.9, 6, True,
-     "a probe nears: the rows need drafters to be probed with"),
 ])
 def test_drafter_due(c: StepCosts, batch: int, accept: float, deepest: int, due: bool,
                      why: str) -> None:
