@@ -715,10 +715,10 @@ class Engine:
         if spec is None or row.draft.drafter_in or not row.draft.speculating \
                 or getattr(spec.drafter, "advance", None) is None:
             return True
+        # the row is one of them: decoding in its lane, or joining it
         lane = self.lanes.get(row.lane)
         batch = (len(lane.rows) if lane is not None else 0) + sum(
-            1 for r in self.joining if r.lane == row.lane and r is not row) + (
-            0 if lane is not None and row in lane.rows else 1)
+            1 for r in self.joining if r.lane == row.lane)
         policy = spec.policy
         to_take = getattr(spec.drafter, "to_take", None)
         prefill_s = (self.drafter_rate * to_take
@@ -752,9 +752,9 @@ class Engine:
                 spec.drafter.start(row.work.prompt)
                 row.draft.drafter_in = True
             else:
-                before, started = getattr(spec.drafter, "taken", 0), time.perf_counter()
+                before, started = getattr(spec.drafter, "to_take", 0), time.perf_counter()
                 row.draft.drafter_in = bool(advance(budget))
-                self._drafter_took(getattr(spec.drafter, "taken", 0) - before,
+                self._drafter_took(before - getattr(spec.drafter, "to_take", 0),
                                    time.perf_counter() - started)
             return row.draft.drafter_in
         except Exception as exc:  # a drafter's fault is a decline

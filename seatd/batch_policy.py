@@ -6,7 +6,8 @@ by batch size and tokens per row, drafting included in a verify step's time):
     plan_step(wants, batch, costs, joining) -> depth per row (all 0: a plain step)
     decide_step(wants, batch, costs, joining) -> StepPlan   the depths, and the rows whose
                                    wish to draft the step passed over, with the reason
-    drafter_due(costs, batch, expected)   whether a row's model drafter takes its prompt now
+    drafter_due(costs, batch, expected, deepest, left, prefill_s)   whether a row's model
+                                   drafter takes its prompt now
     paced(arrived, began)          whether a joining group keeps to the decoding rows' pace
     ride_tokens(ride, own, limit, n, first)   a joining prompt's tokens riding a step
 

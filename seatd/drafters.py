@@ -94,11 +94,6 @@ class ModelDrafter:
         return self._done >= upto
 
     @property
-    def taken(self) -> int:
-        """Prompt tokens its cache holds so far (`advance`)."""
-        return self._done
-
-    @property
     def to_take(self) -> int:
         """Prompt tokens `advance` has still to take."""
         return max(0, int(self._prompt.shape[0]) - 1 - self._done)

@@ -36,8 +36,9 @@ batch's shapes compile as batches meet them), in both temperature bands:
   pair, where a depth-3 round of the model drafter took 5.5-8.7 ms against 2.5 ms for a
   plain token, the default seat served one client at 0.44x its own plain path's
   tokens/s.  With them its first request's rounds are chosen on this device's costs
-  (the same bench after this change still read 0.46x there: that seat's time goes
-  elsewhere too, README's GPU section says what is open).
+  (the same bench after this change read 0.46x there once, and 1.26x in a later run on
+  another H100, where the plain seat, which has no warm-up, compiled its first shapes
+  in the measured rounds: README's GPU section says what is open).
 
 A prompt past WARM_CONTEXT compiles its shapes as it meets them.  The seat's own
 figures (`seatd.speculation.SeatSpeculation`) are not touched while shapes compile:
