@@ -101,7 +101,15 @@ from seatd.engine_types import (
 )
 from seatd.kv_budget import KVBudget
 from seatd.moving_average import moving
-from seatd.prefill_rows import KV_LAYERS, PrefillCost, RideCost, stack, stackable, take
+from seatd.prefill_rows import (
+    KV_LAYERS,
+    PrefillCost,
+    RideCost,
+    padded,
+    stack,
+    stackable,
+    take,
+)
 from seatd.rows_cache import SLACK, OneRow, Rider, RowsCache, lane_cache
 from seatd.rows_drafter import Ask, RowsDrafter
 from seatd.sampling import Draws, Keyed, draws_for
@@ -644,8 +652,9 @@ class Engine:
         done = group.done
         limits = [PREFILL_CHUNK - done % PREFILL_CHUNK,
                   self._row_tokens(group) if budget is None else budget]
+        ends = []
         for row in group.rows:
-            limits.append(len(row.work.prompt) - 1 - done)
+            ends.append(len(row.work.prompt) - 1 - done)
             resume = row.work.resume
             if resume is not None:
                 limits.extend(c - done for c in resume.cuts if c > done)
@@ -654,7 +663,10 @@ class Engine:
         if not group.alone:
             limits.extend(g.done - done for g in self.groups
                           if g.lane == group.lane and not g.alone and g.done > done)
-        return min(limits)
+        if budget is None and prefill_rows.paddable(group.cache):
+            # one forward past the nearer ends where that costs less than their own
+            return padded(ends, min(limits), self.prefill_cost.fit(), done)
+        return min([*limits, *ends])
 
     def _prefill_group(self, group: Group) -> None:
         n = self._chunk(group)
@@ -663,8 +675,11 @@ class Engine:
             for r in group.rows:
                 r.beside = True
         if n > 0:
-            block = mx.array([r.work.prompt[group.done : group.done + n] for r in group.rows],
-                             dtype=mx.uint32)
+            # a row whose prompt ends before the step's (`padded`) takes filler after it
+            # (its own last prompt token again): none of its tokens attends to it, and
+            # its cache is cut back to its prompt as it joins (`_advance`)
+            block = mx.array([_filled(r.work.prompt[group.done : group.done + n], n)
+                              for r in group.rows], dtype=mx.uint32)
             self.model(block, cache=group.cache)  # only the cache is evaluated: no logits
             mx.eval([c.state for c in group.cache])
         self._advance(group, n, self._decoding(), started)
@@ -693,7 +708,9 @@ class Engine:
         for b in ready:
             row = group.rows[b]
             self.joining.remove(row)
-            self._join(row, take(group.cache, b) if len(group.rows) > 1 else group.cache)
+            own = len(row.work.prompt) - 1  # past it: filler (`_prefill_group`)
+            self._join(row, take(group.cache, b, own) if len(group.rows) > 1
+                       or group.done > own else group.cache)
         group.cache = prefill_rows.keep(group.cache, rest) if rest else []
         group.rows = [group.rows[b] for b in rest]
 
@@ -1520,6 +1537,11 @@ def _tempered(row: Row) -> bool:
     p = row.params
     return p.temperature > 0 and isinstance(row.draws, Keyed) and p.top_k <= 0 \
         and p.top_p >= 1.0 and p.min_p <= 0.0
+
+
+def _filled(tokens: Sequence[int], n: int) -> list[int]:
+    """A row's piece of a prefill step, `n` tokens: its own, then its last repeated."""
+    return [*tokens, *[tokens[-1]] * (n - len(tokens))] if len(tokens) < n else list(tokens)
 
 
 def _gather(rows: Sequence[Row], feeds: Sequence[mx.array | None]) -> mx.array:

@@ -3,8 +3,11 @@ at one offset, one forward for all of them, and split again as each row's prompt
 
     stackable(cache)       every layer is a type this module can stack
     stack(caches)          caches at one offset (B rows each) -> one cache of all rows
-    take(cache, index)     row `index` of a stacked cache, as a cache of its own
+    take(cache, index, end)  row `index` of a stacked cache, as a cache of its own
+                           (its first `end` tokens: a padded row's own)
     keep(cache, indices)   the stacked cache of those rows only
+    padded(ends, limit, fit, context)  how far one forward takes a group whose rows'
+                           prompts end at different points (the shorter ones padded)
 
 Rows at one offset need no padding and no mask beyond mlx-lm's own causal one, so a
 joining group is plain mlx-lm caches with a batch axis; the batch engine
@@ -107,14 +110,15 @@ def _arrays_rows(c: Any) -> int:
     return 1
 
 
-def keep(cache: Sequence[Any], indices: Sequence[int]) -> list[Any]:
-    """The rows `indices` of a stacked cache, in that order."""
+def keep(cache: Sequence[Any], indices: Sequence[int], end: int | None = None) -> list[Any]:
+    """The rows `indices` of a stacked cache, in that order; their first `end` tokens
+    (None: all)."""
     idx = mx.array(list(indices), dtype=mx.int32)
     out: list[Any] = []
     for c in cache:
         new = _like(c)
         if type(c) in KV_LAYERS:
-            offset = int(c.offset)
+            offset = int(c.offset) if end is None else min(end, int(c.offset))
             if offset:
                 _set_kv(new, [p[idx, :, :offset] for p in _parts(c.keys)],
                         [p[idx, :, :offset] for p in _parts(c.values)], offset)
@@ -124,9 +128,43 @@ def keep(cache: Sequence[Any], indices: Sequence[int]) -> list[Any]:
     return out
 
 
-def take(cache: Sequence[Any], index: int) -> list[Any]:
-    """Row `index` of a stacked cache as a single-row cache."""
-    return keep(cache, [index])
+def take(cache: Sequence[Any], index: int, end: int | None = None) -> list[Any]:
+    """Row `index` of a stacked cache as a single-row cache (its first `end` tokens)."""
+    return keep(cache, [index], end)
+
+
+def paddable(cache: Sequence[Any]) -> bool:
+    """Every layer keeps its tokens by position, so a row's tokens past its own end can
+    be cut off again (`take`'s `end`); a recurrent layer folds them into its state."""
+    return all(type(c) in KV_LAYERS for c in cache)
+
+
+def padded(ends: Sequence[int], limit: int, fit: tuple[float, float, float] | None,
+           context: float) -> int:
+    """Prompt tokens every row of a prefill group takes in one forward.  Row i has
+    ends[i] tokens left before its last prompt token; `limit`: what the step may take
+    otherwise (its time, the chunk grid, a cut or keep point, a group ahead).  Without
+    padding the step stops at the nearest end, and every further distinct end costs a
+    forward of its own: prompts of 110, 112 and 113 tokens prefill in three forwards,
+    two of one or two tokens.  Taking m tokens instead, past the ends below m (those
+    rows are fed filler after their prompt, which no token of theirs attends to, and
+    their caches are cut back to their own), saves the forwards of every distinct end
+    below m at the fit's fixed part each, and costs the filler tokens at the fit's
+    per-token cost (attention over everything before them: at most `context` + m).
+    The m of the largest saving, where one saves anything; the nearest end otherwise,
+    or without a fit (nothing measured yet).  Pure."""
+    n = min(limit, *ends) if ends else limit
+    if fit is None or len(ends) < 2 or n <= 0:
+        return n
+    fixed, per, per_ctx = fit
+    best, gain = n, 0.0
+    for m in sorted({e for e in ends if n < e <= limit}):
+        saved = len({e for e in ends if e < m})
+        filler = sum(m - e for e in ends if e < m)
+        g = saved * fixed - filler * (per + per_ctx * (context + m))
+        if g > gain:
+            best, gain = m, g
+    return best
 
 
 RIDE_ALPHA = 0.3  # weight of a riding step in `RideCost`'s moving average

@@ -296,6 +296,60 @@ def test_joining_rows_share_prefill_forwards(pair: tuple[Any, Any, Any],
         assert got.text == want.text, i
 
 
+@pytest.mark.parametrize("fit, forwards", [
+    ((0.05, 1e-7, 0.0), 1),  # a forward's fixed part dominates: one, the shorter padded
+    ((0.0, 1e-3, 0.0), 3),  # every token costs: a forward at each prompt's end
+], ids=["launch-bound", "token-bound"])
+def test_a_cohort_of_near_lengths_prefills_past_the_shorter_prompts(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch,
+        fit: tuple[float, float, float], forwards: int) -> None:
+    """Prompts of 40, 41 and 43 tokens arriving together take one forward where the
+    measured prefill cost says a forward costs more than the filler tokens after the
+    shorter two (their caches cut back to their own prompts as they join), and one
+    forward per prompt end where it says the opposite.  Either way every answer, greedy
+    and seeded, is the request's own alone."""
+    from seatd import batch
+
+    model, tok, _ = pair
+    steps: list[tuple[int, int]] = []  # (rows, tokens) of each prefill forward
+    real = batch.Engine._prefill_group
+
+    def watched(self: Engine, group: Any) -> None:
+        before = group.done
+        rows = len(group.rows)
+        real(self, group)
+        steps.append((rows, group.done - before if group.rows else -1))
+
+    joined: dict[str, tuple[int, int]] = {}  # row: (its cache's tokens, its prompt's less 1)
+    real_join = batch.Engine._join
+
+    def join(self: Engine, row: Any, cache: list[Any]) -> None:
+        joined[row.rid] = (int(cache[0].offset), len(row.work.prompt) - 1)
+        real_join(self, row, cache)
+
+    monkeypatch.setattr(batch.Engine, "_prefill_group", watched)
+    monkeypatch.setattr(batch.Engine, "_join", join)
+    text = open(batch.__file__).read()
+    base = tok.encode(text[3000:4000])
+    prompts = [base[:40], base[1:42], base[2:45]]
+    params = [SamplingParams(max_tokens=12, temperature=0),
+              SamplingParams(max_tokens=12, temperature=0.8, seed=3),
+              SamplingParams(max_tokens=12, temperature=0)]
+    engine = Engine(model, tok, 4096, output_width(model), 8, KVBudget(1 << 30))
+    monkeypatch.setattr(engine.prefill_cost, "fit", lambda: fit)
+    for i, prompt in enumerate(prompts):
+        engine.submit(Work(Generate(str(i), False, params[i], prompt="-"), prompt, "fp16"))
+    told = drive(engine, 3)
+    assert len(steps) == forwards, steps
+    assert steps[0][0] == 3  # the three together
+    assert all(got == own for got, own in joined.values()), joined  # no filler kept
+    for i, prompt in enumerate(prompts):
+        got = told.result(str(i))
+        assert got is not None
+        want = decode(model, tok, prompt, params[i], kv="fp16", context_length=4096)
+        assert got.token_ids == want.token_ids and got.text == want.text, i
+
+
 def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
         pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Prompts that arrived together are one cohort: once the shortest decodes, the

@@ -16,6 +16,7 @@ from seatd.prefill_rows import (
     PrefillCost,
     RideCost,
     fit_cost,
+    padded,
     stack,
     stackable,
     take,
@@ -173,3 +174,28 @@ def test_riding_tokens_by_their_measured_cost() -> None:
 def test_tokens_within_a_fit(fit: tuple[float, float, float], seconds: float,
                              context: int, rows: int, floor: int, want: int) -> None:
     assert tokens_within(fit, seconds, context, rows, floor) == want
+
+
+# fit: (fixed s, s per token, s per token and context token)
+LAUNCH = (0.005, 1e-6, 0.0)  # a forward's fixed part is most of it (a GPU's small steps)
+COMPUTE = (0.001, 1e-4, 0.0)  # every token costs (a CPU's big steps)
+
+
+@pytest.mark.parametrize("ends, limit, fit, context, want", [
+    ([109, 111, 112], 512, None, 0, 109),  # nothing measured: the nearest end
+    ([109, 111, 112], 512, LAUNCH, 0, 112),  # two forwards saved for 4 filler tokens
+    ([109, 111, 112], 110, LAUNCH, 0, 109),  # the step's limit stops it
+    ([109, 111, 112], 111, LAUNCH, 0, 111),  # as far as the limit allows
+    ([109, 111, 112], 512, COMPUTE, 0, 112),  # 4 tokens cost less than two forwards
+    ([109, 329, 351], 512, COMPUTE, 0, 109),  # 220 filler tokens cost more than a forward
+    ([109, 329, 351], 512, LAUNCH, 0, 351),  # where the forward is what costs
+    ([50, 50, 400], 512, (0.002, 1e-5, 0.0), 0, 50),  # one row far behind: its own forwards
+    ([200], 512, LAUNCH, 0, 200),  # one row: nothing to pad
+    ([0, 5], 512, LAUNCH, 0, 0),  # a row already in: it leaves first
+    ([10, 20], 512, (0.001, 0.0, 1e-6), 4000, 10),  # filler deep in a prompt attends to it all
+], ids=["unmeasured", "launch-bound", "limit-below", "limit-between", "few-filler",
+        "much-filler", "launch-much", "one-behind", "alone", "ready", "context"])
+def test_padded_prefill_takes_a_forward_past_the_nearer_ends_where_it_saves(
+        ends: list[int], limit: int, fit: tuple[float, float, float] | None,
+        context: int, want: int) -> None:
+    assert padded(ends, limit, fit, context) == want
