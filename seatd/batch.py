@@ -64,7 +64,6 @@ bindings name the seat (`shared.threads.bound_pool`).
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import deque
@@ -195,7 +194,7 @@ class Row:
     feed_lp: tuple[mx.array, ...] | None = None  # `logprob_arrays` of an unread feed
     lps: list[TokenLogprob] = field(default_factory=list)  # of answer.ids[start:]
     lp_sent: int = 0  # lps[:lp_sent] went out with their ids
-    began: int = 0  # when it began decoding, in `Engine.order` (`batch_policy.paced`)
+    began: int = 0  # `Engine.decoded` as it began decoding (`batch_policy.paced`)
     beside: bool = False  # some forward of it held another request's rows (or prompt)
 
     @property
@@ -289,10 +288,10 @@ class Engine:
         self._offer: Group | None = None
         self._aboard: Aboard | None = None
         self.ride_cost = RideCost()
-        # Requests reaching the engine and rows beginning to decode, in one order (any
-        # thread: next() on a count holds the GIL): which rows were already decoding
-        # when a request arrived (`batch_policy.paced`).
-        self.order = itertools.count(1)
+        # Decode steps taken, as requests reach the engine and rows begin to decode (read
+        # on any thread: an int): how far in the decoding rows were when a request
+        # arrived (`batch_policy.paced`).
+        self.decoded = 0
         # Work for the thread when no request has any (`seatd.warm_shapes.Warming.step`):
         # one short step a call, False once done.  A request then waits one such step.
         self.idle: Callable[[], bool] | None = None
@@ -300,7 +299,7 @@ class Engine:
     # -- the worker's side (any thread): `seatd.engine_io` ----------------------
 
     def submit(self, work: Work) -> None:
-        work.arrived = next(self.order)
+        work.arrived = self.decoded
         with self.lock:
             self.inbox.append(work)
         self.wake.set()
@@ -786,7 +785,7 @@ class Engine:
         lane.cache.join(cache, len(work.prompt) - 1)
         row.feed = mx.array([work.prompt[-1]], dtype=mx.uint32)
         row.unread = False
-        row.began = next(self.order)
+        row.began = self.decoded
         lane.rows.append(row)
 
     # -- decode -----------------------------------------------------------------
@@ -830,6 +829,7 @@ class Engine:
         or a plain one), then take what it measured into the seat's figures
         (`_measured`)."""
         B = len(lane.rows)
+        self.decoded += 1
         if B > 1:
             for r in lane.rows:
                 r.beside = True

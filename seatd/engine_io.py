@@ -63,7 +63,7 @@ class Work:
     # second time): the row ends as if it had stopped, at the engine's next step.
     complete: threading.Event = field(default_factory=threading.Event)
     # The engine's own, from here on:
-    arrived: int = 0  # when it reached the engine (`Engine.submit`), in `Engine.order`
+    arrived: int = 0  # `Engine.decoded` as it reached the engine (`Engine.submit`)
     resume: Resume | None = None  # where its cached prefix resumes (its admission's)
     finish: Callable[[bool], None] | None = None  # tells the prompt cache how it ended
     first_token_at: float | None = None

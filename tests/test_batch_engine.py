@@ -357,6 +357,7 @@ def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
     arrived), so the batch fills at once.  A prompt arriving while those rows decode
     keeps to their pace, riding their steps.  Every answer is its own alone."""
     from seatd import batch
+    from seatd.batch_policy import PACE_STEPS
     from seatd.engine_types import PREFILL_CHUNK
 
     model, tok, _ = pair
@@ -402,6 +403,9 @@ def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
     submit("short")
     submit("long")
     while not any(r.rid == "long" for lane in engine.lanes.values() for r in lane.rows):
+        step()
+    began = engine.decoded
+    while engine.decoded - began < PACE_STEPS:  # the rows have a pace of their own
         step()
     submit("late")
     while len(told.ended) < 3:
@@ -459,6 +463,7 @@ def test_a_batch_takes_plain_steps_while_a_prompt_joins_at_its_pace(
     is of their plain step.  They speculate before and after; every answer is its own
     alone."""
     from seatd import batch
+    from seatd.batch_policy import PACE_STEPS
 
     model, tok, drafter = pair
     steps: list[tuple[bool, bool]] = []  # (verified, a prompt was joining at the pace)
@@ -493,8 +498,11 @@ def test_a_batch_takes_plain_steps_while_a_prompt_joins_at_its_pace(
 
     submit("a")
     submit("b")
-    while sum(len(lane.rows) for lane in engine.lanes.values()) < 2 or not any(
-            v for v, _ in steps):
+    def rows() -> list[Any]:
+        return [r for lane in engine.lanes.values() for r in lane.rows]
+
+    while len(rows()) < 2 or not any(v for v, _ in steps) \
+            or engine.decoded - max(r.began for r in rows()) < PACE_STEPS:
         engine.step()
         told.read(engine.outbox)
     submit("late")

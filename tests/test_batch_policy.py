@@ -186,10 +186,11 @@ def test_step_times_are_moving_averages_by_class() -> None:
 @pytest.mark.parametrize(("arrived", "began", "expected", "why"), [
     (3, [], False, "nobody decodes"),
     (3, [5, 7], False, "every decoding row began after the group arrived: one cohort"),
-    (3, [1], True, "a row was decoding when the group arrived"),
-    (3, [5, 1], True, "one row of the batch was already decoding"),
-    (5, [4], True, "a row that began just before the group arrived"),
-    (9, [2, 5, 8], True, "a group that arrived after all of them began"),
+    (8, [1], False, "a row 7 steps in has no pace yet: the group arrived with it"),
+    (9, [1], True, "a row 8 steps in was decoding when the group arrived"),
+    (20, [15, 1], True, "one row of the batch was that far in"),
+    (20, [15, 14], False, "none was"),
+    (30, [2, 5, 8], True, "a group that arrived long after all of them began"),
 ])
 def test_paced(arrived: int, began: list[int], expected: bool, why: str) -> None:
     assert paced(arrived, began) is expected, why
