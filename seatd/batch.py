@@ -78,11 +78,13 @@ import structlog
 from seatd import prefill_rows, recurrent
 from seatd.adaptive import DepthStats, RoundPolicy, observe, park_tokens
 from seatd.answer import Answer
+from seatd.backend import backend
 from seatd.batch_policy import (
     ALPHA,
     NOT_PROFITABLE,
     StepCosts,
     StepPlan,
+    block_width,
     decide_step,
     drafter_due,
     paced,
@@ -125,6 +127,7 @@ log = structlog.get_logger()
 # step still moves a long prompt on.
 PREFILL_SHARE = 0.5
 PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
+COMPILING = ("cuda", "metal")  # backends that build each new shape on first use
 
 
 @contextmanager
@@ -1252,7 +1255,7 @@ class Engine:
             drafted_at = time.perf_counter()
         limits, masks = self._cut(rows, drafts)
         widths = [1 + lim for lim in limits]
-        n = max(widths)
+        n = block_width(max(widths), len(rows), backend() in COMPILING)
         pad = mx.zeros((n,), dtype=mx.uint32)
         block = mx.stack([
             mx.concatenate([r.feed, d.tokens[:lim], pad[: n - w]]) if lim  # type: ignore[list-item]

@@ -550,6 +550,40 @@ def test_a_batch_judges_verify_steps_on_steady_plain_steps(
     each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
 
 
+def test_a_batch_on_a_gpu_verifies_blocks_of_a_few_widths(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where each new shape is built on first use (a GPU; here the backend is said to be
+    CUDA), a batch's verify blocks take the next of BLOCK_WIDTHS, the rows padded: rows
+    drafting 2 tokens verify blocks of 4.  Each answer is its own alone."""
+    from seatd import batch
+    from seatd.batch_policy import BLOCK_WIDTHS
+
+    model, tok, drafter = pair
+    monkeypatch.setattr(batch, "backend", lambda: "cuda")
+    blocks: list[tuple[int, int, int]] = []  # (widest row, rows, block width)
+    real = batch.block_width
+
+    def width(widest: int, rows: int, compiles: bool) -> int:
+        got = real(widest, rows, compiles)
+        blocks.append((widest, rows, got))
+        return got
+
+    monkeypatch.setattr(batch, "block_width", width)
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    prompts = {"a": tok.encode("def fibonacci(n):"), "b": tok.encode("class Stack:")}
+    budgets = {"a": 48, "b": 48}
+    for rid, prompt in prompts.items():
+        params = SamplingParams(max_tokens=budgets[rid], temperature=0)
+        engine.submit(Work(Generate(rid, False, params, prompt="-"), prompt, "fp16",
+                           spec=Speculation(ModelDrafter(drafter), 2, DepthStats())))
+    told = drive(engine, 2)
+    together = [b for b in blocks if b[1] == 2]
+    assert together, "the two rows verified together"
+    assert all(got in BLOCK_WIDTHS for _, _, got in together), together
+    assert any(got > widest for widest, _, got in together), "a block was padded"
+    each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
+
+
 def test_a_row_the_worker_calls_complete_ends_as_stopped(pair: tuple[Any, Any, Any]) -> None:
     """`Work.complete` (the worker saw a tool call made again): the row ends at the next
     step as an answer that stopped, not an error, short of its budget; its neighbour

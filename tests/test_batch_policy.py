@@ -8,10 +8,12 @@ from collections.abc import Callable
 import pytest
 
 from seatd.batch_policy import (
+    BLOCK_WIDTHS,
     PROBE_EVERY,
     SETTLED,
     StepCosts,
     StepPlan,
+    block_width,
     decide_step,
     drafter_due,
     paced,
@@ -279,3 +281,19 @@ def test_drafter_due_waits_for_a_settled_plain_time() -> None:
     assert drafter_due(c, 8, keeps(0.9), 6)
     c.timed[(8, 1)] = SETTLED
     assert not drafter_due(c, 8, keeps(0.9), 6)
+
+
+@pytest.mark.parametrize(("widest", "batch", "compiles", "want"), [
+    (3, 1, True, 3),  # a request alone: its own width (the warm-up built each)
+    (3, 4, False, 3),  # built ahead (CPU): its own width
+    (3, 4, True, 4),  # a batch on a GPU: the next of the few
+    (2, 4, True, 2),
+    (5, 8, True, 8),
+    (9, 16, True, 16),
+    (16, 2, True, 16),
+    (17, 2, True, 17),  # wider than any: as it is
+])
+def test_block_width(widest: int, batch: int, compiles: bool, want: int) -> None:
+    got = block_width(widest, batch, compiles)
+    assert got == want
+    assert got >= widest and (got == widest or got in BLOCK_WIDTHS)
