@@ -228,14 +228,17 @@ BLOCK_WIDTHS = (2, 4, 8, 16)
 def block_width(widest: int, batch: int, compiles: bool) -> int:
     """The width of a verify step's block whose widest row has `widest` tokens: that
     for a request alone (the seat's warm-up built each of its widths:
-    `seatd.warm_shapes`) or on a device whose kernels are built ahead (the CPU); in a
-    batch on a GPU (`compiles`), the least of BLOCK_WIDTHS that holds it, the rows'
-    blocks padded (each row's own tokens are counted as its own: `RowsCache.begin`), so
-    a batch size meets four verify shapes, not fifteen.  On CUDA each new (rows, width)
-    shape is built on first use: traced through the batching bench on an H100 (demo
-    pair, 8 and 16 clients), such a verify step took 30-99 ms against 3-5 ms once
-    built, and the default seat met one every few steps, a quarter of a 16-client
-    slot's time.  A padded column costs little where the step is launch-bound.  Pure."""
+    `seatd.warm_shapes`) or on a device that builds no kernel per shape (the CPU); in a
+    batch where each new shape is built on first use (`compiles`: CUDA), the least of
+    BLOCK_WIDTHS that holds it, the rows' blocks padded (each row's own tokens are
+    counted as its own: `RowsCache.begin`), so a batch size meets four verify shapes,
+    not fifteen.  On CUDA each new (rows, width) shape is built on first use: traced
+    through the batching bench on an H100 (demo pair, 8 and 16 clients), such a verify
+    step took 30-99 ms against 3-5 ms once built, and the default seat met one every
+    few steps, a quarter of a 16-client slot's time.  A padded column costs little
+    where the step is launch-bound; where it costs more (a compute-bound target), the
+    seat's step costs time the padded block, so speculation there pays for it or
+    steps plain.  Pure."""
     if batch <= 1 or not compiles:
         return widest
     return next((w for w in BLOCK_WIDTHS if w >= widest), widest)
