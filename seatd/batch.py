@@ -293,9 +293,9 @@ class Engine:
         self._offer: Group | None = None
         self._aboard: Aboard | None = None
         self.ride_cost = RideCost()
-        # Decode steps taken, as requests reach the engine and rows begin to decode (read
-        # on any thread: an int): how far in the decoding rows were when a request
-        # arrived (`batch_policy.paced`).
+        # Steps that decoded (any lanes), as requests reach the engine and rows begin to
+        # decode (read on any thread: an int): how far in the decoding rows were when a
+        # request arrived (`batch_policy.paced`).
         self.decoded = 0
         # Work for the thread when no request has any (`seatd.warm_shapes.Warming.step`):
         # one short step a call, False once done.  A request then waits one such step.
@@ -369,10 +369,13 @@ class Engine:
         if self.groups and self._offer is None:
             self._prefill()
             worked = True
+        decoding = False
         for lane in list(self.lanes.values()):
             if lane.rows:
                 self._decode(lane)
-                worked = True
+                worked = decoding = True
+        if decoding:  # once a step, however many lanes it decoded
+            self.decoded += 1
         if self._offer is not None:
             worked = True
             if self._aboard is None:  # it could not ride: a forward of its own
@@ -834,7 +837,6 @@ class Engine:
         or a plain one), then take what it measured into the seat's figures
         (`_measured`)."""
         B = len(lane.rows)
-        self.decoded += 1
         if B > 1:
             for r in lane.rows:
                 r.beside = True

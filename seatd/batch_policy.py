@@ -239,8 +239,8 @@ def block_width(widest: int, batch: int, compiles: bool) -> int:
     where the step is launch-bound; where it costs more (a compute-bound target), the
     seat's step costs time the padded block, so speculation there pays for it or
     steps plain.  Pure."""
-    if batch <= 1 or not compiles:
-        return widest
+    if batch <= 1 or not compiles or widest <= 1:
+        return widest  # a block with no draft at all steps as a plain step does
     return next((w for w in BLOCK_WIDTHS if w >= widest), widest)
 
 
@@ -252,19 +252,21 @@ PACE_STEPS = 8
 def paced(arrived: int, began: Sequence[int]) -> bool:
     """Whether a joining group's prefill must keep to the decoding rows' pace: some row
     had decoded PACE_STEPS steps when the group's latest request reached the engine
-    (`arrived`, `began`: the engine's count of decode steps then, and when each decoding
-    row began).  Requests that reached it before any decoding row was that far in are
-    one cohort: no client of theirs has a pace of its own yet, so the rest of the cohort
-    prefills in whole chunks (as a server that prefills every waiting prompt before
-    decoding does) and the batch fills at once, instead of each prompt crawling in
-    beside rows that then finish alone.  Not only the rows that began after it: clients
-    started together reach the engine a few of its steps apart (their requests cross
-    the proxy one by one), and the first to arrive begins decoding before the others
-    are in.  Traced through the batching bench on an H100 (demo, 8 clients), they
-    arrived within 4 steps of the first's beginning; held to its pace (a prefill step
-    costs 3.5 ms there, half a decode step's share but its fixed part), the rest of the
-    cohort crawled in over 30 prefill steps of a few tokens and reached its first token
-    after 250-400 ms.  Counts, never a clock.  Pure."""
+    (`arrived`, `began`: the engine's count of steps that decoded, whatever lanes they
+    held, then and when each decoding row began).  Requests that reached it before any
+    decoding row was that far in are one cohort: no client of theirs has a pace of its
+    own yet, so the rest of the cohort prefills in whole chunks (as a server that
+    prefills every waiting prompt before decoding does) and the batch fills at once,
+    instead of each prompt crawling in beside rows that then finish alone.  Not only
+    the rows that began after it: clients started together reach the engine a few of
+    its steps apart (their requests cross the proxy one by one), and the first to
+    arrive begins decoding before the others are in.  Traced through the batching bench
+    on an H100 (demo, 8 clients), they arrived within 4 steps of the first's
+    beginning; held to its pace (a prefill step costs 3.5 ms there, half a decode
+    step's share but its fixed part), the rest of the cohort crawled in over 30
+    prefill steps of a few tokens and reached its first token after 250-400 ms.  The
+    price: a long prompt of that cohort prefills in whole chunks while its first rows
+    have their first few tokens.  Counts, never a clock.  Pure."""
     return any(arrived - b >= PACE_STEPS for b in began)
 
 

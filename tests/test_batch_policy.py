@@ -285,6 +285,7 @@ def test_drafter_due_waits_for_a_settled_plain_time() -> None:
 
 @pytest.mark.parametrize(("widest", "batch", "compiles", "want"), [
     (3, 1, True, 3),  # a request alone: its own width (the warm-up built each)
+    (1, 4, True, 1),  # no draft at all: a plain step's width
     (3, 4, False, 3),  # built ahead (CPU): its own width
     (3, 4, True, 4),  # a batch on a GPU: the next of the few
     (2, 4, True, 2),
