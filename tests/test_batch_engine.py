@@ -350,6 +350,55 @@ def test_a_cohort_of_near_lengths_prefills_past_the_shorter_prompts(
         assert got.token_ids == want.token_ids and got.text == want.text, i
 
 
+def test_a_padded_prefill_stops_at_a_rows_keep_point_and_cuts(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row whose prompt cache keeps its first 20 tokens and cuts at 30 (a turn's end):
+    the group's padded forwards stop at both (the keep gets exactly 20 tokens of the
+    row's own), then go past the shorter prompts' ends as a launch-bound forward pays.
+    Every answer is its own alone, every joined cache its own prompt."""
+    from seatd import batch
+
+    model, tok, _ = pair
+    steps: list[tuple[int, int]] = []  # (offset, tokens) of each prefill forward
+    real = batch.Engine._prefill_group
+
+    def watched(self: Engine, group: Any) -> None:
+        before = group.done
+        real(self, group)
+        steps.append((before, group.done - before))
+
+    joined: dict[str, tuple[int, int]] = {}
+    real_join = batch.Engine._join
+
+    def join(self: Engine, row: Any, cache: list[Any]) -> None:
+        joined[row.rid] = (int(cache[0].offset), len(row.work.prompt) - 1)
+        real_join(self, row, cache)
+
+    monkeypatch.setattr(batch.Engine, "_prefill_group", watched)
+    monkeypatch.setattr(batch.Engine, "_join", join)
+    kept: list[int] = []
+    resume = Resume(keep_at=20, keep=lambda cache: kept.append(int(cache[0].offset)),
+                    cuts=(30,))
+    text = open(batch.__file__).read()
+    base = tok.encode(text[5000:6000])
+    prompts = [base[:40], base[1:42], base[2:45]]
+    params = SamplingParams(max_tokens=10, temperature=0)
+    engine = Engine(model, tok, 4096, output_width(model), 8, KVBudget(1 << 30),
+                    Given({"1": resume}))
+    monkeypatch.setattr(engine.prefill_cost, "fit", lambda: (0.05, 1e-7, 0.0))
+    for i, prompt in enumerate(prompts):
+        engine.submit(Work(Generate(str(i), False, params, prompt="-"), prompt, "fp16"))
+    told = drive(engine, 3)
+    assert steps == [(0, 20), (20, 10), (30, 12)], steps
+    assert kept == [20]
+    assert all(got == own for got, own in joined.values()), joined
+    for i, prompt in enumerate(prompts):
+        got = told.result(str(i))
+        assert got is not None
+        want = decode(model, tok, prompt, params, kv="fp16", context_length=4096)
+        assert got.token_ids == want.token_ids, i
+
+
 def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(
         pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Prompts that arrived together are one cohort: once the shortest decodes, the
