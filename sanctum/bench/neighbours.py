@@ -15,11 +15,11 @@ is compared twice, with other neighbours.  "batched" holds decoding until all ei
 joined, so every token of an answer comes from a forward of all the rows still going;
 "joining" leaves the engine its own schedule (the first rows prefilled start decoding
 beside fewer rows while the others prefill).  "latecomers" submits each row only once the
-rows before it decode (or are done), so every row but the first joins a busy batch at
-its pace: its prompt rides the rows' steps where the model takes riders, in forwards of
-other shapes than a prefill of its own, and the batch takes plain steps meanwhile
-(`prompt_joining`).  The same is done with speculation
-(each row with its own model drafter, depth 3), where the batch decides per step whether
+row before it is a few steps into its answer (or done), so every row but the first joins
+a busy batch at its pace: its prompt rides the rows' steps where the model takes riders,
+in forwards of other shapes than a prefill of its own, and the batch takes plain steps
+meanwhile (`prompt_joining`).  The same is done with speculation (each row with its own
+model drafter, depth 3), where the batch decides per step whether
 a verify pays (`seatd.batch_policy`).  Where requests can ask for a lane of their own
 (`Generate.solo`), the windows are decoded once more with every row solo.
 
@@ -177,9 +177,12 @@ def decode_rows(loaded: Any, drafter_model: Any, cases: Sequence[Case], config: 
     The engine prefills one row at a time, so the first rows decode a good part of a
     short answer before the last ones join.  `together` holds decoding until every row
     has joined, so each answer is decoded in forwards of all the rows still going.
-    `late` submits each case only once the cases before it decode or are done."""
+    `late` submits each case only once the case before it is done or decoding with a
+    pace of its own (PACE_STEPS steps in: before that, rows reaching the engine are one
+    cohort with it, `seatd.batch_policy.paced`)."""
     from seatd.adaptive import DepthStats
     from seatd.batch import Engine
+    from seatd.batch_policy import PACE_STEPS
     from seatd.drafters import ModelDrafter
     from seatd.engine_io import Transcript, Work
     from seatd.engine_types import Speculation, output_width
@@ -206,8 +209,10 @@ def decode_rows(loaded: Any, drafter_model: Any, cases: Sequence[Case], config: 
     extra: dict[str, Any] = {"solo": True} if solo else {}
 
     def under_way(i: int) -> bool:
-        return f"n{i}" in got.ended or any(r.rid == f"n{i}" for lane in engine.lanes.values()
-                               for r in lane.rows)
+        """Row i is done, or decoding with a pace of its own (`batch_policy.paced`)."""
+        return f"n{i}" in got.ended or any(
+            r.rid == f"n{i}" and engine.decoded - r.began >= PACE_STEPS
+            for lane in engine.lanes.values() for r in lane.rows)
 
     for i, case in enumerate(cases):
         while late and i and not under_way(i - 1):
@@ -331,8 +336,9 @@ def neighbours(opts: Options) -> Run:
         "joining": f"the same {BATCH} rows on the engine's own schedule: each row decodes "
                    "as soon as its prefill is in, beside the rows already decoding, so the "
                    "first rows decode part of their answer in smaller batches",
-        "latecomers": f"the same {BATCH} rows, each submitted once the rows before it "
-                      "decode: every row but the first joins a busy batch at its pace, its "
+        "latecomers": f"the same {BATCH} rows, each submitted once the row before it is "
+                      "a few steps into its answer: every row but the first joins a busy "
+                      "batch at its pace, its "
                       "prompt riding the rows' steps where the model takes riders (the "
                       "batch taking plain steps meanwhile)",
     }
