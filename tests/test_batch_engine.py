@@ -296,6 +296,35 @@ def test_joining_rows_share_prefill_forwards(pair: tuple[Any, Any, Any],
         assert got.text == want.text, i
 
 
+@dataclass
+class Prefills:
+    """What an engine's joining groups did: each prefill forward's (rows, offset before,
+    tokens), and each joining row's (cache tokens, prompt tokens less 1)."""
+
+    steps: list[tuple[int, int, int]] = field(default_factory=list)
+    joined: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+def watch_prefills(monkeypatch: pytest.MonkeyPatch) -> Prefills:
+    from seatd import batch
+
+    seen = Prefills()
+    real, real_join = batch.Engine._prefill_group, batch.Engine._join
+
+    def prefill(self: Engine, group: Any) -> None:
+        before, rows = group.done, len(group.rows)
+        real(self, group)
+        seen.steps.append((rows, before, group.done - before))
+
+    def join(self: Engine, row: Any, cache: list[Any]) -> None:
+        seen.joined[row.rid] = (int(cache[0].offset), len(row.work.prompt) - 1)
+        real_join(self, row, cache)
+
+    monkeypatch.setattr(batch.Engine, "_prefill_group", prefill)
+    monkeypatch.setattr(batch.Engine, "_join", join)
+    return seen
+
+
 @pytest.mark.parametrize("fit, forwards", [
     ((0.05, 1e-7, 0.0), 1),  # a forward's fixed part dominates: one, the shorter padded
     ((0.0, 1e-3, 0.0), 3),  # every token costs: a forward at each prompt's end
@@ -311,24 +340,7 @@ def test_a_cohort_of_near_lengths_prefills_past_the_shorter_prompts(
     from seatd import batch
 
     model, tok, _ = pair
-    steps: list[tuple[int, int]] = []  # (rows, tokens) of each prefill forward
-    real = batch.Engine._prefill_group
-
-    def watched(self: Engine, group: Any) -> None:
-        before = group.done
-        rows = len(group.rows)
-        real(self, group)
-        steps.append((rows, group.done - before if group.rows else -1))
-
-    joined: dict[str, tuple[int, int]] = {}  # row: (its cache's tokens, its prompt's less 1)
-    real_join = batch.Engine._join
-
-    def join(self: Engine, row: Any, cache: list[Any]) -> None:
-        joined[row.rid] = (int(cache[0].offset), len(row.work.prompt) - 1)
-        real_join(self, row, cache)
-
-    monkeypatch.setattr(batch.Engine, "_prefill_group", watched)
-    monkeypatch.setattr(batch.Engine, "_join", join)
+    seen = watch_prefills(monkeypatch)
     text = open(batch.__file__).read()
     base = tok.encode(text[3000:4000])
     prompts = [base[:40], base[1:42], base[2:45]]
@@ -340,9 +352,9 @@ def test_a_cohort_of_near_lengths_prefills_past_the_shorter_prompts(
     for i, prompt in enumerate(prompts):
         engine.submit(Work(Generate(str(i), False, params[i], prompt="-"), prompt, "fp16"))
     told = drive(engine, 3)
-    assert len(steps) == forwards, steps
-    assert steps[0][0] == 3  # the three together
-    assert all(got == own for got, own in joined.values()), joined  # no filler kept
+    assert len(seen.steps) == forwards, seen.steps
+    assert seen.steps[0][0] == 3  # the three together
+    assert all(got == own for got, own in seen.joined.values()), seen.joined  # no filler
     for i, prompt in enumerate(prompts):
         got = told.result(str(i))
         assert got is not None
@@ -359,23 +371,7 @@ def test_a_padded_prefill_stops_at_a_rows_keep_point_and_cuts(
     from seatd import batch
 
     model, tok, _ = pair
-    steps: list[tuple[int, int]] = []  # (offset, tokens) of each prefill forward
-    real = batch.Engine._prefill_group
-
-    def watched(self: Engine, group: Any) -> None:
-        before = group.done
-        real(self, group)
-        steps.append((before, group.done - before))
-
-    joined: dict[str, tuple[int, int]] = {}
-    real_join = batch.Engine._join
-
-    def join(self: Engine, row: Any, cache: list[Any]) -> None:
-        joined[row.rid] = (int(cache[0].offset), len(row.work.prompt) - 1)
-        real_join(self, row, cache)
-
-    monkeypatch.setattr(batch.Engine, "_prefill_group", watched)
-    monkeypatch.setattr(batch.Engine, "_join", join)
+    seen = watch_prefills(monkeypatch)
     kept: list[int] = []
     resume = Resume(keep_at=20, keep=lambda cache: kept.append(int(cache[0].offset)),
                     cuts=(30,))
@@ -389,9 +385,9 @@ def test_a_padded_prefill_stops_at_a_rows_keep_point_and_cuts(
     for i, prompt in enumerate(prompts):
         engine.submit(Work(Generate(str(i), False, params, prompt="-"), prompt, "fp16"))
     told = drive(engine, 3)
-    assert steps == [(0, 20), (20, 10), (30, 12)], steps
+    assert [(at, n) for _, at, n in seen.steps] == [(0, 20), (20, 10), (30, 12)], seen.steps
     assert kept == [20]
-    assert all(got == own for got, own in joined.values()), joined
+    assert all(got == own for got, own in seen.joined.values()), seen.joined
     for i, prompt in enumerate(prompts):
         got = told.result(str(i))
         assert got is not None
