@@ -179,16 +179,22 @@ class PrefillCost:
     def __init__(self) -> None:
         self.steps: deque[tuple[int, float, float]] = deque(maxlen=WINDOW)
         self.big: deque[tuple[int, float, float]] = deque(maxlen=BIG_WINDOW)
+        self._fit: tuple[float, float, float] | None = None  # of the steps as they are
+        self._fitted = False
 
     def observe(self, tokens: int, context: float, seconds: float) -> None:
         """A step of `tokens` prompt tokens (all rows together) whose rows had `context`
         tokens before them on average."""
         if tokens > 0 and seconds >= 0:
             (self.big if tokens >= BIG_STEP else self.steps).append((tokens, context, seconds))
+            self._fitted = False
 
     def fit(self) -> tuple[float, float, float] | None:
-        """(fixed s, s per token, s per token per context token), or None before any."""
-        return fit_cost([*self.big, *self.steps])
+        """(fixed s, s per token, s per token per context token), or None before any;
+        fitted once per observation (a prefill step asks more than once)."""
+        if not self._fitted:
+            self._fit, self._fitted = fit_cost([*self.big, *self.steps]), True
+        return self._fit
 
     def tokens_within(self, seconds: float, context: float, rows: int,
                       floor: int) -> int | None:
