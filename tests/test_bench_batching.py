@@ -49,25 +49,30 @@ def test_an_answer_without_text_fails_the_slot() -> None:
         concurrency_figures([Stream(0.0, [], 1.0, 0)])
 
 
-@pytest.mark.parametrize(("rows", "first", "expected"), [
+@pytest.mark.parametrize(("rows", "first", "since", "expected"), [
     # steady 0.1 s gaps, then one 0.3 s stall straddling the arrival at 2.0: during = 0.3
-    ([[i / 10 for i in range(21)] + [2.3, 2.4]], 2.2,
+    ([[i / 10 for i in range(21)] + [2.3, 2.4]], 2.2, 0.0,
      {"rows_decoding": 1, "itl_p99_before_s": 0.1, "itl_p99_during_s": 0.3,
-      "long_ttft_s": 0.2}),
+      "long_ttft_s": 0.2, "gaps_before": 20}),
+    # before counts only from `since` (all rows streaming): the 0.5 s gaps before it not
+    ([[0.0, 0.5, 1.0, 1.1, 1.2, 1.3, 2.3, 2.4]], 2.2, 1.0,
+     {"rows_decoding": 1, "itl_p99_before_s": 0.1, "itl_p99_during_s": 1.0,
+      "gaps_before": 3}),
     # a row that ended before the arrival and one not started yet are not decoding rows
-    ([[0.5, 1.0], [3.0, 3.1]], 2.5, {"rows_decoding": 0, "gaps_before": 0}),
+    ([[0.5, 1.0], [3.0, 3.1]], 2.5, 0.0, {"rows_decoding": 0, "gaps_before": 0}),
     # no first token from the long request: no "during" at all
-    ([[1.0, 1.5, 2.5]], None, {"rows_decoding": 1, "gaps_during": 0}),
+    ([[1.0, 1.5, 2.5]], None, 0.0, {"rows_decoding": 1, "gaps_during": 0}),
 ])
-def test_prefill_figures(rows: list[list[float]], first: float | None,
+def test_prefill_figures(rows: list[list[float]], first: float | None, since: float,
                          expected: dict[str, float]) -> None:
-    """Only rows decoding at the arrival count; a gap overlapping the prefill is 'during'."""
-    f = prefill_figures([Stream(0.0, r, r[-1], len(r)) for r in rows], 2.0, first,
-                        settle_s=2.0)
+    """Only rows decoding at the arrival count; a gap overlapping the prefill is 'during',
+    a gap between `since` and the arrival 'before'."""
+    f = prefill_figures([Stream(0.0, r, r[-1], len(r)) for r in rows], 2.0, first, since)
     for k, v in expected.items():
         assert f[k] == pytest.approx(v), k
     if "itl_p99_during_s" in expected:
-        assert f["prefill_itl_speed"] == pytest.approx(0.1 / 0.3)
+        assert f["prefill_itl_speed"] == pytest.approx(
+            expected["itl_p99_before_s"] / expected["itl_p99_during_s"])
     else:
         assert "prefill_itl_speed" not in f
 

@@ -43,6 +43,7 @@ from sanctum.bench.concurrent import (
     PREFILL,
     ROW_FACTOR,
     ROWS,
+    SETTLE_PART,
     SETTLE_S,
     ConcurrentArm,
 )
@@ -178,8 +179,9 @@ def batching(opts: Options) -> Run:
              "turns its batching off)")
     workloads = {f"c={c}": f"{c} streaming client{'s' if c > 1 else ''} started together, "
                  f"one request each of {tokens} new tokens" for c in clients}
-    workloads[PREFILL] = (f"{ROWS} clients decode {ROW_FACTOR * tokens}-token answers; "
-                          f"{SETTLE_S:g} s after all stream, one request with a "
+    workloads[PREFILL] = (f"{ROWS} clients decode {ROW_FACTOR * tokens}-token answers; once "
+                          f"each has sent {max(1, tokens // SETTLE_PART)} chunks (at most "
+                          f"{SETTLE_S:g} s after all stream), one request with a "
                           f"{long.prompt_tokens}-token prompt arrives")
     notes = [
         f"Prompts: the held-out workloads ({source}) {', '.join(n for n in SHORT if n in by_name)}"
@@ -189,15 +191,13 @@ def batching(opts: Options) -> Run:
         f"Our seats wait up to {QUEUE_TIMEOUT_S:g} s in their queue (queue_timeout_s; the "
         "default 120 s would refuse requests queued behind a serial seat's others); every "
         "other setting is the default.",
-        "Every arm serves the same weights in float32: our seat dequantizes builtin:demo "
-        "at load (load_for_compute), mlx_lm.server serves a float32 copy of those weights "
-        "(and of the drafter).",
+        _weights_note(opts.model),
         "Aggregate tokens/s = completion tokens of the slot's requests (their usage) over "
         "the slot's wall time, first send to last byte; TTFT from each request's send; "
         "inter-token gaps between consecutive text chunks (per chunk for every server), "
         "pooled over the slot's requests.",
-        f"The long-prompt scenario compares the rows decoding when it arrives: their "
-        f"inter-token p99 over the {SETTLE_S:g} s before it, against while it prefills "
+        "The long-prompt scenario compares the rows decoding when it arrives: their "
+        "inter-token p99 from all streaming to its arrival, against while it prefills "
         "(gaps that overlap its send to its first token); the ratio is before over during, "
         "within one slot.",
     ]
@@ -207,6 +207,19 @@ def batching(opts: Options) -> Run:
               samples, notes, extra={"clients": clients, "tokens": tokens, "temperature": t})
     print("\n".join(table(run)), flush=True)
     return run
+
+
+def _weights_note(model: str) -> str:
+    """Which weights every arm computes with: `O.float32_copy`'s rule, said of this run."""
+    from seatd.model_load import on_cpu
+
+    if on_cpu():
+        return ("Every arm serves the same weights in float32: our seat dequantizes "
+                f"{model} at load (load_for_compute), mlx_lm.server serves a float32 "
+                "copy of those weights (and of the drafter).")
+    return ("Every arm serves the same weights as stored (off the CPU our seat computes "
+            f"{model} as stored, quantized ones included: load_for_compute), "
+            "mlx_lm.server and the bound the same folder.")
 
 
 def bound_prompt(tokenizer: Any, short: Sequence[Workload]) -> list[int]:

@@ -17,11 +17,12 @@ streamed request each, and reports what the server did for all of them:
                     seats only, once they batch)
 
 The prefill scenario (`PREFILL`) streams ROWS long answers (ROW_FACTOR x tokens); once
-all of them stream and `settle_s` has passed, one request with a long prompt arrives.
-The rows decoding at that moment are compared before (the `settle_s` before it arrived)
-and during its prefill (until its first text chunk): `prefill_itl_speed` = p99 gap
-before / p99 gap during, a speed ratio (0.5: the long prefill doubled the rows'
-inter-token p99).
+all of them stream and each has sent a third of a slot's tokens in chunks (SETTLE_PART;
+at most `settle_s` after all stream: a fast device would end the rows before a fixed
+wait did), one request with a long prompt arrives.  The rows decoding at that moment
+are compared before (from all streaming to its arrival) and during its prefill (until
+its first text chunk): `prefill_itl_speed` = p99 gap before / p99 gap during, a speed
+ratio (0.5: the long prefill doubled the rows' inter-token p99).
 
 The figures are pure functions of `Stream` records; the client is plain http.client,
 one connection per request, so the client side costs the same for every server.
@@ -45,7 +46,8 @@ from sanctum.bench.workloads import Workload
 PREFILL = "prefill among 7"
 ROWS = 7
 ROW_FACTOR = 3  # the rows' answers: 3 x the slot's tokens, to outlast the long prefill
-SETTLE_S = 2.0  # the rows' steady state measured before the long prompt arrives
+SETTLE_S = 2.0  # the longest the rows' steady state is measured before the long prompt
+SETTLE_PART = 3  # ... which arrives once every row has sent tokens / this many chunks
 ARRIVE_DEADLINE_S = 45.0  # a seat that never streams all rows at once gets it then
 # (long enough for a batching server to prefill all seven on a busy 2-core machine)
 LONG_MAX_TOKENS = 8
@@ -92,17 +94,16 @@ def concurrency_figures(streams: Sequence[Stream]) -> dict[str, float]:
 
 
 def prefill_figures(rows: Sequence[Stream], arrive: float, first: float | None,
-                    settle_s: float = SETTLE_S) -> dict[str, float]:
+                    since: float) -> dict[str, float]:
     """The rows' inter-token p99 before and during a long prompt's prefill.  Pure.
 
     Rows counted are those decoding when the long prompt arrived (first chunk before,
-    last chunk after).  Before: gaps wholly within the `settle_s` before the arrival.
+    last chunk after).  Before: gaps wholly within [since, the arrival].
     During: gaps that overlap [arrival, the long request's first chunk], so a stall
     that the prefill caused counts even when it ends after that first chunk."""
     live = [r for r in rows if r.chunks and r.chunks[0] <= arrive < r.chunks[-1]]
-    start = arrive - settle_s
     before = [b - a for r in live for a, b in itertools.pairwise(r.chunks)
-              if a >= start and b <= arrive]
+              if a >= since and b <= arrive]
     during = [] if first is None else [b - a for r in live
                                        for a, b in itertools.pairwise(r.chunks)
                                        if b > arrive and a < first]
@@ -174,11 +175,13 @@ def chunk_text(event: dict[str, Any]) -> str:
 
 
 def stream_once(base_url: str, path: str, body: dict[str, Any],
-                on_first: Callable[[float], None] | None = None) -> Stream:
+                on_first: Callable[[float], None] | None = None,
+                on_chunk: Callable[[int], None] | None = None) -> Stream:
     """One streamed request; each text chunk timed as it arrives.  A connection reset
     before the response's head is tried again on a new one, timed from the first send
     (a server whose listen backlog overflows resets some of 16 connects made at once:
-    mlx_lm.server's socketserver keeps 5)."""
+    mlx_lm.server's socketserver keeps 5).  `on_first(time)`: its first text chunk;
+    `on_chunk(count)`: each text chunk, with the count so far."""
     u = urlparse(base_url)
 
     def connect() -> http.client.HTTPConnection:
@@ -217,6 +220,8 @@ def stream_once(base_url: str, path: str, body: dict[str, Any],
                 if not s.chunks and on_first is not None:
                     on_first(now)
                 s.chunks.append(now)
+                if on_chunk is not None:
+                    on_chunk(len(s.chunks))
             if isinstance(event.get("sanctum"), dict):
                 s.speculation = event["sanctum"].get("speculation", s.speculation)
             if event.get("usage"):
@@ -273,11 +278,12 @@ class ConcurrentArm:
         self.calls: dict[str, int] = {}
 
     def _job(self, w: Workload, k: int, max_tokens: int,
-             on_first: Callable[[float], None] | None = None) -> Callable[[], Stream]:
+             on_first: Callable[[float], None] | None = None,
+             on_chunk: Callable[[int], None] | None = None) -> Callable[[], Stream]:
         seed = 1 + k if self.seeded and self.temperature > 0 else None
         # A new salt per request: no request finds another's prompt in a cache.
         path, body = request_body(w.salted(k), self.model, max_tokens, self.temperature, seed)
-        return lambda: stream_once(self.url, path, body, on_first)
+        return lambda: stream_once(self.url, path, body, on_first, on_chunk)
 
     def __call__(self, name: str) -> dict[str, float]:
         turn = self.calls.get(name, 0)
@@ -303,6 +309,7 @@ class ConcurrentArm:
 
     def measure_prefill(self, turn: int) -> dict[str, float]:
         firsts: list[float] = []
+        sent = [0] * ROWS  # each row's text chunks so far
         lock = threading.Condition()
 
         def started(t: float) -> None:
@@ -310,8 +317,16 @@ class ConcurrentArm:
                 firsts.append(t)
                 lock.notify_all()
 
+        def chunked(i: int) -> Callable[[int], None]:
+            def count(n: int) -> None:
+                with lock:
+                    sent[i] = n
+                    lock.notify_all()
+            return count
+
         names = [self.rows[i % len(self.rows)] for i in range(ROWS)]
-        jobs = [self._job(w, 900_000 + turn * 100 + i, ROW_FACTOR * self.tokens, started)
+        jobs = [self._job(w, 900_000 + turn * 100 + i, ROW_FACTOR * self.tokens, started,
+                          chunked(i))
                 for i, w in enumerate(names)]
         rows: list[Stream] = []
         failed: list[BaseException] = []
@@ -324,9 +339,11 @@ class ConcurrentArm:
 
         t_rows = threading.Thread(target=run_rows, daemon=True)
         t_rows.start()
+        settled = max(1, self.tokens // SETTLE_PART)
         with lock:  # every row streaming (a seat that queues them: the deadline)
             lock.wait_for(lambda: len(firsts) >= ROWS, ARRIVE_DEADLINE_S)
-        time.sleep(self.settle_s)
+            since = time.perf_counter()
+            lock.wait_for(lambda: min(sent) >= settled, self.settle_s)
         long_first: list[float] = []
         try:
             long = self._job(self.long, 990_000 + turn, LONG_MAX_TOKENS, long_first.append)()
@@ -334,6 +351,5 @@ class ConcurrentArm:
             t_rows.join()
         if failed:
             raise failed[0]
-        out = prefill_figures(rows, long.sent, long_first[0] if long_first else None,
-                              self.settle_s)
+        out = prefill_figures(rows, long.sent, long_first[0] if long_first else None, since)
         return out | {"long_prompt_tokens": float(long.prompt_tokens)}
