@@ -19,6 +19,7 @@ from sanctum.bench.concurrent import (
     gaps,
     prefill_figures,
     request_body,
+    settle_chunks,
 )
 from sanctum.bench.report import render
 from sanctum.bench.results import ArmInfo, Run
@@ -75,6 +76,12 @@ def test_prefill_figures(rows: list[list[float]], first: float | None, since: fl
             expected["itl_p99_before_s"] / expected["itl_p99_during_s"])
     else:
         assert "prefill_itl_speed" not in f
+
+
+def test_the_long_prompt_waits_for_a_third_of_the_rows_tokens() -> None:
+    """Rows of 96-token slots have sent 32 chunks each; a tiny slot still waits for one."""
+    assert settle_chunks(96) == 32
+    assert settle_chunks(2) == 1
 
 
 def test_workloads_rotate_over_clients_and_rounds() -> None:

@@ -43,9 +43,9 @@ from sanctum.bench.concurrent import (
     PREFILL,
     ROW_FACTOR,
     ROWS,
-    SETTLE_PART,
     SETTLE_S,
     ConcurrentArm,
+    settle_chunks,
 )
 from sanctum.bench.options import Options, machine
 from sanctum.bench.results import ArmInfo, Run, Sample
@@ -180,7 +180,7 @@ def batching(opts: Options) -> Run:
     workloads = {f"c={c}": f"{c} streaming client{'s' if c > 1 else ''} started together, "
                  f"one request each of {tokens} new tokens" for c in clients}
     workloads[PREFILL] = (f"{ROWS} clients decode {ROW_FACTOR * tokens}-token answers; once "
-                          f"each has sent {max(1, tokens // SETTLE_PART)} chunks (at most "
+                          f"each has sent {settle_chunks(tokens)} chunks (at most "
                           f"{SETTLE_S:g} s after all stream), one request with a "
                           f"{long.prompt_tokens}-token prompt arrives")
     notes = [

@@ -67,6 +67,11 @@ class Stream:
     speculation: str | None = None  # our seats' `sanctum.speculation`, if any
 
 
+def settle_chunks(tokens: int) -> int:
+    """Text chunks every decoding row has sent before the long prompt arrives."""
+    return max(1, tokens // SETTLE_PART)
+
+
 def gaps(times: Sequence[float]) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
@@ -175,13 +180,12 @@ def chunk_text(event: dict[str, Any]) -> str:
 
 
 def stream_once(base_url: str, path: str, body: dict[str, Any],
-                on_first: Callable[[float], None] | None = None,
                 on_chunk: Callable[[int], None] | None = None) -> Stream:
     """One streamed request; each text chunk timed as it arrives.  A connection reset
     before the response's head is tried again on a new one, timed from the first send
     (a server whose listen backlog overflows resets some of 16 connects made at once:
-    mlx_lm.server's socketserver keeps 5).  `on_first(time)`: its first text chunk;
-    `on_chunk(count)`: each text chunk, with the count so far."""
+    mlx_lm.server's socketserver keeps 5).  `on_chunk(count)`: each text chunk as it
+    arrives, with the count so far."""
     u = urlparse(base_url)
 
     def connect() -> http.client.HTTPConnection:
@@ -217,8 +221,6 @@ def stream_once(base_url: str, path: str, body: dict[str, Any],
             now = time.perf_counter()
             event = json.loads(data)
             if chunk_text(event):
-                if not s.chunks and on_first is not None:
-                    on_first(now)
                 s.chunks.append(now)
                 if on_chunk is not None:
                     on_chunk(len(s.chunks))
@@ -278,12 +280,11 @@ class ConcurrentArm:
         self.calls: dict[str, int] = {}
 
     def _job(self, w: Workload, k: int, max_tokens: int,
-             on_first: Callable[[float], None] | None = None,
              on_chunk: Callable[[int], None] | None = None) -> Callable[[], Stream]:
         seed = 1 + k if self.seeded and self.temperature > 0 else None
         # A new salt per request: no request finds another's prompt in a cache.
         path, body = request_body(w.salted(k), self.model, max_tokens, self.temperature, seed)
-        return lambda: stream_once(self.url, path, body, on_first, on_chunk)
+        return lambda: stream_once(self.url, path, body, on_chunk)
 
     def __call__(self, name: str) -> dict[str, float]:
         turn = self.calls.get(name, 0)
@@ -308,14 +309,8 @@ class ConcurrentArm:
         return concurrency_figures(_together(jobs))
 
     def measure_prefill(self, turn: int) -> dict[str, float]:
-        firsts: list[float] = []
         sent = [0] * ROWS  # each row's text chunks so far
         lock = threading.Condition()
-
-        def started(t: float) -> None:
-            with lock:
-                firsts.append(t)
-                lock.notify_all()
 
         def chunked(i: int) -> Callable[[int], None]:
             def count(n: int) -> None:
@@ -325,8 +320,7 @@ class ConcurrentArm:
             return count
 
         names = [self.rows[i % len(self.rows)] for i in range(ROWS)]
-        jobs = [self._job(w, 900_000 + turn * 100 + i, ROW_FACTOR * self.tokens, started,
-                          chunked(i))
+        jobs = [self._job(w, 900_000 + turn * 100 + i, ROW_FACTOR * self.tokens, chunked(i))
                 for i, w in enumerate(names)]
         rows: list[Stream] = []
         failed: list[BaseException] = []
@@ -339,17 +333,15 @@ class ConcurrentArm:
 
         t_rows = threading.Thread(target=run_rows, daemon=True)
         t_rows.start()
-        settled = max(1, self.tokens // SETTLE_PART)
         with lock:  # every row streaming (a seat that queues them: the deadline)
-            lock.wait_for(lambda: len(firsts) >= ROWS, ARRIVE_DEADLINE_S)
+            lock.wait_for(lambda: min(sent) >= 1, ARRIVE_DEADLINE_S)
             since = time.perf_counter()
-            lock.wait_for(lambda: min(sent) >= settled, self.settle_s)
-        long_first: list[float] = []
+            lock.wait_for(lambda: min(sent) >= settle_chunks(self.tokens), self.settle_s)
         try:
-            long = self._job(self.long, 990_000 + turn, LONG_MAX_TOKENS, long_first.append)()
+            long = self._job(self.long, 990_000 + turn, LONG_MAX_TOKENS)()
         finally:  # the rows end before the next slot starts, whatever happened here
             t_rows.join()
         if failed:
             raise failed[0]
-        out = prefill_figures(rows, long.sent, long_first[0] if long_first else None, since)
+        out = prefill_figures(rows, long.sent, long.chunks[0] if long.chunks else None, since)
         return out | {"long_prompt_tokens": float(long.prompt_tokens)}
