@@ -84,11 +84,11 @@ from seatd.batch_policy import (
     NOT_PROFITABLE,
     StepCosts,
     StepPlan,
-    block_width,
     decide_step,
     drafter_due,
     paced,
     ride_tokens,
+    speculates,
 )
 from seatd.drafter_choice import JUDGE_TOKENS, Choice, choose, trusts
 from seatd.drafters import LookupDrafter, ModelDrafter
@@ -127,8 +127,9 @@ log = structlog.get_logger()
 # step still moves a long prompt on.
 PREFILL_SHARE = 0.5
 PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
-# Backends measured to build each new shape on first use (`block_width`).  Metal was
-# not measured here (no Apple GPU on hand): it keeps each block's own width.
+# Backends measured to build each new shape on first use: a batch there steps plain
+# (`seatd.batch_policy.speculates`).  Metal was not measured here (no Apple GPU on
+# hand): its batches speculate by their measured step costs, as the CPU's do.
 COMPILING = ("cuda",)
 
 
@@ -263,8 +264,10 @@ class Aboard:
 class Engine:
     def __init__(self, model: Any, tokenizer: Any, context_length: int, width: int,
                  max_batch: int, budget: KVBudget, admission: Admission | None = None,
-                 outbox: Outbox | None = None) -> None:
+                 outbox: Outbox | None = None, compiles: bool | None = None) -> None:
         self.model = model
+        # Whether this backend builds each new shape on first use (None: by `COMPILING`)
+        self.compiles = backend() in COMPILING if compiles is None else compiles
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.width = width
@@ -749,7 +752,7 @@ class Engine:
                      if self.drafter_rate is not None and to_take is not None else None)
         due = drafter_due(self.costs, batch, policy.expected if policy is not None
                           else spec.stats.expected_tokens, spec.depth,
-                          row.answer.budget - row.issued, prefill_s)
+                          row.answer.budget - row.issued, prefill_s, self.compiles)
         if not due and row.report.state == "declined:no_proposal":
             row.report.state = f"declined:{NOT_PROFITABLE}"
         return due
@@ -840,7 +843,8 @@ class Engine:
         if B > 1:
             for r in lane.rows:
                 r.beside = True
-        self._draft_rows(lane)
+        if speculates(B, self.compiles):  # rows that cannot verify draft nothing together
+            self._draft_rows(lane)
         with self.lock:
             self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
         plan = self._plan(lane)
@@ -870,11 +874,14 @@ class Engine:
         """The lane's next step (`seatd.batch_policy.decide_step`); a row whose wish to
         draft it passes over reports why, unless its report already says otherwise."""
         B = len(lane.rows)
-        wants = [self._wanted(r) for r in lane.rows]
+        if speculates(B, self.compiles):
+            wants = [self._wanted(r) for r in lane.rows]
+        else:  # no row's wish could change the step: its rows that speculate are passed over
+            wants = [(1 if r.draft.speculating else 0, 1.0) for r in lane.rows]
         # (asked only where it could decide: some row drafts, in a batch)
-        joining = any(d for d, _ in wants) and B > 1 and any(
+        joining = any(d for d, _ in wants) and B > 1 and speculates(B, self.compiles) and any(
             self._prefill_time(g) is not None for g in self.groups)
-        plan = decide_step(wants, B, self.costs, joining)
+        plan = decide_step(wants, B, self.costs, joining, self.compiles)
         for b, why in plan.declines:
             row = lane.rows[b]
             if row.report.state == "declined:no_proposal":
@@ -1259,7 +1266,7 @@ class Engine:
             drafted_at = time.perf_counter()
         limits, masks = self._cut(rows, drafts)
         widths = [1 + lim for lim in limits]
-        n = block_width(max(widths), len(rows), backend() in COMPILING)
+        n = max(widths)
         pad = mx.zeros((n,), dtype=mx.uint32)
         block = mx.stack([
             mx.concatenate([r.feed, d.tokens[:lim], pad[: n - w]]) if lim  # type: ignore[list-item]

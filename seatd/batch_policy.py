@@ -3,11 +3,12 @@
 Pure, with the seat's measured step times passed in (`StepCosts`, moving averages
 by batch size and tokens per row, drafting included in a verify step's time):
 
-    plan_step(wants, batch, costs, joining) -> depth per row (all 0: a plain step)
-    decide_step(wants, batch, costs, joining) -> StepPlan   the depths, and the rows whose
-                                   wish to draft the step passed over, with the reason
-    drafter_due(costs, batch, expected, deepest, left, prefill_s)   whether a row's model
-                                   drafter takes its prompt now
+    plan_step(wants, batch, costs, joining, compiles) -> depth per row (all 0: plain)
+    decide_step(wants, batch, costs, joining, compiles) -> StepPlan   the depths, and the
+                                   rows whose wish to draft the step passed over, and why
+    speculates(batch, compiles)    whether a step of that many rows may verify at all
+    drafter_due(costs, batch, expected, deepest, left, prefill_s, compiles)   whether a
+                                   row's model drafter takes its prompt now
     paced(arrived, began)          whether a joining group keeps to the decoding rows' pace
     ride_tokens(ride, own, limit, n, first)   a joining prompt's tokens riding a step
 
@@ -18,6 +19,10 @@ step costs `t(B, n)` for n = 1 + the deepest draft and yields the rows' expected
 tokens; a plain step costs `t(B, 1)` and yields B.  Speculation goes ahead only when
 
     sum(expected) / t(B, n)  >  B / t(B, 1)
+
+On a backend that builds each new shape on first use (CUDA), a batch does not
+speculate at all (`speculates`): its verify shapes cannot be built ahead, and a try's
+time is the build's.
 
 While a prompt joins the batch at its rows' pace (`joining`: its chunks ride their
 steps or take a share of their time), the batch's steps are plain.  A step that
@@ -127,7 +132,8 @@ def probe_every(plain: float, verify: float) -> int:
 
 
 def drafter_due(costs: StepCosts, batch: int, expected: Callable[[int], float],
-                deepest: int, left: int = 0, prefill_s: float | None = None) -> bool:
+                deepest: int, left: int = 0, prefill_s: float | None = None,
+                compiles: bool = False) -> bool:
     """Whether a row's model drafter should take its prompt now, the row decoding (or
     about to) in a batch of this many rows.  Alone, always.  In a batch, a verify step
     of width w yields expected(w - 1) tokens a row (`expected`: what the row's own
@@ -154,6 +160,8 @@ def drafter_due(costs: StepCosts, batch: int, expected: Callable[[int], float],
     every answer token since: `seatd.drafters.ModelDrafter.plain`) once it is due."""
     if batch <= 1:
         return True
+    if not speculates(batch, compiles):
+        return False
     c = size_class(batch)
     plain = costs.time(batch, 1)
     verifies = {w: t for (k, w), t in costs.seconds.items() if k == c and 1 < w <= deepest + 1}
@@ -166,14 +174,14 @@ def drafter_due(costs: StepCosts, batch: int, expected: Callable[[int], float],
 
 
 def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts,
-              joining: bool = False) -> list[int]:
+              joining: bool = False, compiles: bool = False) -> list[int]:
     """The draft depth of each row for the next step (all zeros: a plain step)."""
     depths = [d for d, _ in wants]
     if not any(depths):
         return [0] * len(wants)
     if batch <= 1:
         return depths
-    if joining:
+    if joining or not speculates(batch, compiles):
         return [0] * len(wants)
     width = 1 + max(depths)
     plain, verify = costs.time(batch, 1), costs.time(batch, width)
@@ -211,37 +219,30 @@ class StepPlan:
 
 
 def decide_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts,
-                joining: bool = False) -> StepPlan:
+                joining: bool = False, compiles: bool = False) -> StepPlan:
     """`plan_step`'s depths as a plan, with the rows it passed over named.  Pure."""
-    depths = tuple(plan_step(wants, batch, costs, joining))
+    depths = tuple(plan_step(wants, batch, costs, joining, compiles))
     if any(depths) or not any(d for d, _ in wants):
         return StepPlan(depths)
     why = JOINING if joining else NOT_PROFITABLE
     return StepPlan(depths, tuple((b, why) for b, (d, _) in enumerate(wants) if d))
 
 
-# A batch's verify block widths on a device that builds each new shape on first use
-# (`block_width`).
-BLOCK_WIDTHS = (2, 4, 8, 16)
-
-
-def block_width(widest: int, batch: int, compiles: bool) -> int:
-    """The width of a verify step's block whose widest row has `widest` tokens: that
-    for a request alone (the seat's warm-up built each of its widths:
-    `seatd.warm_shapes`) or on a device that builds no kernel per shape (the CPU); in a
-    batch where each new shape is built on first use (`compiles`: CUDA), the least of
-    BLOCK_WIDTHS that holds it, the rows' blocks padded (each row's own tokens are
-    counted as its own: `RowsCache.begin`), so a batch size meets four verify shapes,
-    not fifteen.  On CUDA each new (rows, width) shape is built on first use: traced
-    through the batching bench on an H100 (demo pair, 8 and 16 clients), such a verify
-    step took 30-99 ms against 3-5 ms once built, and the default seat met one every
-    few steps, a quarter of a 16-client slot's time.  A padded column costs little
-    where the step is launch-bound; where it costs more (a compute-bound target), the
-    seat's step costs time the padded block, so speculation there pays for it or
-    steps plain.  Pure."""
-    if batch <= 1 or not compiles or widest <= 1:
-        return widest  # a block with no draft at all steps as a plain step does
-    return next((w for w in BLOCK_WIDTHS if w >= widest), widest)
+def speculates(batch: int, compiles: bool) -> bool:
+    """Whether a step of `batch` rows may verify at all: a row alone always (a seat's
+    warm-up built each of its shapes: `seatd.warm_shapes`); a batch, except on a
+    backend that builds each new shape on first use (`compiles`: CUDA).  There a batch's
+    verify step meets shapes no warm-up can list ahead: its rows, its block's width, and
+    each segment's buffer, whose size is the joining prompt's own.  Traced through the
+    batching bench on an H100 (demo pair), such a step took 27-110 ms against a few ms
+    once built, and builds came back as capacities changed: in a 2-client slot four
+    verify steps took 281 ms of its 598, and with its drafters' prefills (taken for
+    the verifies to come) the default seat served 0.46x / 0.64x / 0.73x / 0.59x its
+    plain path's tokens/s at 2 / 4 / 8 / 16 clients.  The step costs cannot judge it
+    either: a try's time is the build's, so the first try of every width at every size
+    is lost.  So a batch there steps plain, and its rows' drafters take no prompt while
+    they are in one (`drafter_due`); a row left alone speculates again.  Pure."""
+    return batch <= 1 or not compiles
 
 
 # A decoding row's first steps set no pace of its own yet (`paced`): its client has a

@@ -595,37 +595,37 @@ def test_a_batch_judges_verify_steps_on_steady_plain_steps(
     each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
 
 
-def test_a_batch_on_a_gpu_verifies_blocks_of_a_few_widths(
-        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where each new shape is built on first use (a GPU; here the backend is said to be
-    CUDA), a batch's verify blocks take the next of BLOCK_WIDTHS, the rows padded: rows
-    drafting 2 tokens verify blocks of 4.  Each answer is its own alone."""
-    from seatd import batch
-    from seatd.batch_policy import BLOCK_WIDTHS
-
+def test_a_batch_where_shapes_build_on_first_use_steps_plain(
+        pair: tuple[Any, Any, Any]) -> None:
+    """Where each new shape is built on first use (`compiles`: CUDA), two speculating
+    rows decoding together take plain steps only (`batch_policy.speculates`), their
+    drafters take no prompt meanwhile, and each row verifies again once it is alone;
+    each answer is its own alone."""
     model, tok, drafter = pair
-    monkeypatch.setattr(batch, "backend", lambda: "cuda")
-    blocks: list[tuple[int, int, int]] = []  # (widest row, rows, block width)
-    real = batch.block_width
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30),
+                    compiles=True)
+    seen: list[tuple[int, int]] = []
+    real_observe = engine.costs.observe
 
-    def width(widest: int, rows: int, compiles: bool) -> int:
-        got = real(widest, rows, compiles)
-        blocks.append((widest, rows, got))
-        return got
+    def observe(batch: int, width: int, seconds: float | None) -> None:
+        seen.append((batch, width))
+        real_observe(batch, width, seconds)
 
-    monkeypatch.setattr(batch, "block_width", width)
-    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    engine.costs.observe = observe  # type: ignore[method-assign]
     prompts = {"a": tok.encode("def fibonacci(n):"), "b": tok.encode("class Stack:")}
-    budgets = {"a": 48, "b": 48}
+    budgets = {"a": 24, "b": 64}
+    drafters = {rid: ModelDrafter(drafter) for rid in prompts}
     for rid, prompt in prompts.items():
         params = SamplingParams(max_tokens=budgets[rid], temperature=0)
         engine.submit(Work(Generate(rid, False, params, prompt="-"), prompt, "fp16",
-                           spec=Speculation(ModelDrafter(drafter), 2, DepthStats())))
+                           spec=Speculation(drafters[rid], 3, DepthStats())))
     told = drive(engine, 2)
-    together = [b for b in blocks if b[1] == 2]
-    assert together, "the two rows verified together"
-    assert all(got in BLOCK_WIDTHS for _, _, got in together), together
-    assert any(got > widest for widest, _, got in together), "a block was padded"
+    together = [w for b, w in seen if b == 2]
+    assert together and set(together) == {1}, seen
+    last = max(i for i, (b, _) in enumerate(seen) if b == 2)
+    assert any(b == 1 and w > 1 for b, w in seen[last + 1:]), "b verified once alone"
+    assert told.result("a") is not None and told.result("b") is not None
+    assert told.result("a").speculation.state == "declined:batch_not_profitable"
     each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
 
 

@@ -8,12 +8,10 @@ from collections.abc import Callable
 import pytest
 
 from seatd.batch_policy import (
-    BLOCK_WIDTHS,
     PROBE_EVERY,
     SETTLED,
     StepCosts,
     StepPlan,
-    block_width,
     decide_step,
     drafter_due,
     paced,
@@ -21,6 +19,7 @@ from seatd.batch_policy import (
     probe_every,
     ride_tokens,
     size_class,
+    speculates,
 )
 
 
@@ -283,18 +282,29 @@ def test_drafter_due_waits_for_a_settled_plain_time() -> None:
     assert not drafter_due(c, 8, keeps(0.9), 6)
 
 
-@pytest.mark.parametrize(("widest", "batch", "compiles", "want"), [
-    (3, 1, True, 3),  # a request alone: its own width (the warm-up built each)
-    (1, 4, True, 1),  # no draft at all: a plain step's width
-    (3, 4, False, 3),  # built ahead (CPU): its own width
-    (3, 4, True, 4),  # a batch on a GPU: the next of the few
-    (2, 4, True, 2),
-    (5, 8, True, 8),
-    (9, 16, True, 16),
-    (16, 2, True, 16),
-    (17, 2, True, 17),  # wider than any: as it is
+@pytest.mark.parametrize(("batch", "compiles", "expected"), [
+    (1, True, True),  # a row alone: the warm-up built its shapes
+    (1, False, True),
+    (2, False, True),  # built ahead (the CPU): its step costs judge
+    (16, False, True),
+    (2, True, False),  # a batch where each shape builds on first use (CUDA)
+    (16, True, False),
 ])
-def test_block_width(widest: int, batch: int, compiles: bool, want: int) -> None:
-    got = block_width(widest, batch, compiles)
-    assert got == want
-    assert got >= widest and (got == widest or got in BLOCK_WIDTHS)
+def test_speculates(batch: int, compiles: bool, expected: bool) -> None:
+    assert speculates(batch, compiles) is expected
+
+
+def test_a_batch_that_builds_its_shapes_steps_plain_whatever_it_measured() -> None:
+    """Where each shape builds on first use, a batch steps plain even where its step
+    costs say a verify step wins, names the rows it passed over, and its rows' drafters
+    take no prompt; a row alone follows its wish there as ever."""
+    c = costs(p8=0.05, v8_4=0.06)
+    wants = [(3, 2.8)] * 8
+    assert plan_step(wants, 8, c) == [3] * 8  # built ahead: 22.4 / 60 ms beats 8 / 50 ms
+    assert plan_step(wants, 8, c, compiles=True) == [0] * 8
+    assert decide_step(wants, 8, c, compiles=True) == StepPlan(
+        (0,) * 8, tuple((b, "batch_not_profitable") for b in range(8)))
+    assert plan_step([(3, 2.8)], 1, c, compiles=True) == [3]
+    assert drafter_due(c, 8, keeps(0.9), 6)
+    assert not drafter_due(c, 8, keeps(0.9), 6, compiles=True)
+    assert drafter_due(c, 1, keeps(0.9), 6, compiles=True)
