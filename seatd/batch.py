@@ -110,6 +110,7 @@ from seatd.prefill_rows import (
     stack,
     stackable,
     take,
+    unpaced_tokens,
 )
 from seatd.rows_cache import SLACK, OneRow, Rider, RowsCache, lane_cache
 from seatd.rows_drafter import Ask, RowsDrafter
@@ -598,8 +599,9 @@ class Engine:
         if group.alone and (group.rows[0].solo or not self._decoding()):
             return PREFILL_CHUNK  # a request alone, or a solo row whoever else decodes
         seconds = self._prefill_time(group)
-        if seconds is None:  # nobody keeps a pace: a chunk's worth of tokens in all
-            return max(PREFILL_FLOOR, PREFILL_CHUNK // len(group.rows))
+        if seconds is None:  # nobody keeps a pace: enough to amortise the step's fixed part
+            return unpaced_tokens(self.prefill_cost.fit(), len(group.rows), group.done,
+                                  PREFILL_CHUNK, PREFILL_FLOOR)
         per_row = self.prefill_cost.tokens_within(seconds, group.done, len(group.rows),
                                                   PREFILL_FLOOR)
         return min(PREFILL_CHUNK, per_row or PREFILL_FLOOR)

@@ -8,6 +8,8 @@ at one offset, one forward for all of them, and split again as each row's prompt
     keep(cache, indices)   the stacked cache of those rows only
     padded(ends, limit, fit, context)  how far one forward takes a group whose rows'
                            prompts end at different points (the shorter ones padded)
+    unpaced_tokens(fit, rows, context, chunk, floor)   prompt tokens a row for a step
+                           nobody keeps a pace for
 
 Rows at one offset need no padding and no mask beyond mlx-lm's own causal one, so a
 joining group is plain mlx-lm caches with a batch axis; the batch engine
@@ -165,6 +167,35 @@ def padded(ends: Sequence[int], limit: int, fit: tuple[float, float, float] | No
         if g > gain:
             best, gain = m, g
     return best
+
+
+# A prefill step nobody keeps a pace for (a cohort's, `seatd.batch_policy.paced`) takes
+# enough tokens that its fixed part is at most this share of it, within a chunk a row.
+FIXED_SHARE = 0.1
+
+
+def unpaced_tokens(fit: tuple[float, float, float] | None, rows: int, context: float,
+                   chunk: int, floor: int) -> int:
+    """Prompt tokens per row of a prefill step of `rows` rows that nobody keeps a pace
+    for (`context`: tokens already in): a chunk's worth in all (chunk // rows), or more
+    where the step's fixed part (reading every weight, launching every layer) would be
+    over FIXED_SHARE of it at the fit's cost per token, up to a chunk a row.  On a CPU a
+    token's own cost soon outweighs the fixed part, and a chunk in all is about what
+    amortises it; on a GPU a small model's forward is launches, nearly all fixed:
+    traced through the batching bench on an H100 (demo, 16 clients), a cohort of 13
+    prompts of about 110 tokens took 39 tokens a row a step, 4-14 ms a step beside
+    the first rows' decode steps, and its rows joined over 90-430 ms, where one forward
+    of all of them is about one step's time.  Without a fit (nothing measured), a chunk
+    in all.  Pure."""
+    base = max(floor, chunk // max(1, rows))
+    if fit is None:
+        return base
+    fixed, per, per_ctx = fit
+    token = per + per_ctx * context  # seconds a prompt token, at this context
+    if token <= 0:
+        return chunk
+    want = fixed * (1 / FIXED_SHARE - 1) / token  # tokens in all
+    return max(base, min(chunk, math.ceil(want / max(1, rows))))
 
 
 RIDE_ALPHA = 0.3  # weight of a riding step in `RideCost`'s moving average

@@ -21,6 +21,7 @@ from seatd.prefill_rows import (
     stackable,
     take,
     tokens_within,
+    unpaced_tokens,
 )
 from tests.lanes import logits_close
 
@@ -199,3 +200,21 @@ def test_padded_prefill_takes_a_forward_past_the_nearer_ends_where_it_saves(
         ends: list[int], limit: int, fit: tuple[float, float, float] | None,
         context: int, want: int) -> None:
     assert padded(ends, limit, fit, context) == want
+
+
+@pytest.mark.parametrize("fit, rows, context, want", [
+    (None, 13, 0, 39),  # nothing measured: a chunk in all
+    (None, 100, 0, 8),  # ... at least the floor a row
+    (COMPUTE, 13, 0, 39),  # 90 tokens outweigh the fixed part 9 to 1: a chunk in all already
+    (COMPUTE, 1, 0, 512),  # one row: a chunk
+    ((0.0035, 5e-6, 0.0), 13, 0, 485),  # launch-bound: 6,300 tokens in all
+    ((0.0035, 5e-6, 0.0), 4, 0, 512),  # ... within a chunk a row
+    ((0.0035, 0.0, 0.0), 13, 0, 512),  # no cost a token measured: a chunk a row
+    ((0.0035, 0.0, 1e-8), 13, 1000, 243),  # at 1,000 tokens in a token costs 1e-5 s: 3,150
+], ids=["unmeasured", "floor", "compute", "compute-alone", "launch", "launch-chunk",
+        "free", "context"])
+def test_an_unpaced_step_amortises_its_fixed_part(
+        fit: tuple[float, float, float] | None, rows: int, context: int, want: int) -> None:
+    got = unpaced_tokens(fit, rows, context, 512, 8)
+    assert got == want
+    assert max(8, 512 // rows) <= got <= 512
