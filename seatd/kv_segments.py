@@ -13,6 +13,7 @@ extra operations of each segment, in the same unit (row-columns).  Adjacent segm
 are merged, a copy once, when one buffer would cost no more than two:
 
     merge_runs([(rows, first column), ...], width, fixed) -> [(first, end), ...]
+    segment_cost(backend) -> fixed          a segment's own cost on that backend
 
 where `width` is the write column, and each run of segments [first, end) becomes one.
 """
@@ -22,10 +23,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 # A segment's fixed cost in row-columns: on this CPU a segment more in a step costs
-# about what 120 row-columns of attention do (0.1 ms a layer against 0.84 us); on a GPU
-# the fixed part (kernel launches) weighs more.  Rows this much apart in length and
-# more keep buffers of their own.
+# about what 120 row-columns of attention do (0.1 ms a layer against 0.84 us).  Rows
+# this much apart in length and more keep buffers of their own.
 SEGMENT_COST = 512
+# On CUDA a segment's own operations are kernel launches, and a row-column of attention
+# is a few nanoseconds of memory traffic (the demo's 768 bytes of keys and values a
+# layer, 10 layers, at an H100's 3 TB/s: 2.6 ns).  Traced through the batching bench on
+# two H100s (demo, bfloat16), the same batch sizes stepped plainly in 2.46 / 3.88 ms (7
+# rows) and 4.05 ms (16) with one buffer fewer against 3.58 / 5.67 / 4.80 ms: 0.75-1.8
+# ms a segment, what some 2e5 row-columns cost.  So rows keep buffers of their own there
+# only past that (7 short rows beside a 30,000-token prompt), and a batch is one buffer.
+GPU_SEGMENT_COST = 1 << 17
+MEASURED_GPU = ("cuda",)  # Metal, not measured here, keeps the CPU's figure
+
+
+def segment_cost(backend: str) -> int:
+    """A segment's fixed cost in row-columns on `backend`.  Pure."""
+    return GPU_SEGMENT_COST if backend in MEASURED_GPU else SEGMENT_COST
 
 
 def _cost(rows: int, col: int, width: int) -> int:

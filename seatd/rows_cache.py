@@ -57,8 +57,9 @@ import structlog
 from mlx_lm.models import cache as mlx_cache
 
 from seatd import recurrent, rows_attention
+from seatd.backend import backend
 from seatd.engine_types import make_cache
-from seatd.kv_segments import SEGMENT_COST, merge_runs
+from seatd.kv_segments import merge_runs, segment_cost
 from seatd.prefill_rows import KV_LAYERS
 from seatd.rows_attention import Ragged, fold
 
@@ -343,7 +344,8 @@ class RowsCache:
         self.layout = layout
         self.ragged = ragged  # segments may stay apart (else every join merges)
         self.riding = False  # a prompt may ride a step (`Rider`; the probe found it can)
-        self.segment_cost = SEGMENT_COST  # row-columns a segment's own operations cost
+        # row-columns a segment's own operations cost, on this backend
+        self.segment_cost = segment_cost(backend())
         self._settled = True
 
     @classmethod
