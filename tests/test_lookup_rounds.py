@@ -149,7 +149,8 @@ def test_rows_batched_together_draft_by_lookup_and_keep_their_bytes(
                         observe(stats, drafted, kept, None))  # acceptance, not time
     # ... and the batch verifies whenever its rows draft: whether a verify step pays at
     # 2 rows is the engine's measured step times (seatd.batch_policy), this machine's load.
-    monkeypatch.setattr(batch, "decide_step", lambda wants, size, costs, joining=False:
+    monkeypatch.setattr(batch, "decide_step",
+                        lambda wants, size, costs, joining=False, compiles=False:
                         StepPlan(tuple(d for d, _ in wants)))
     together = answers(target, spec, params, prompts)
     for got, want in zip(together, alone, strict=True):
