@@ -347,22 +347,37 @@ class SeatWorker:
     async def prepared(self) -> None:
         """Each request prepared (`prepare`, on a thread of its own: tokenizing a long
         prompt never holds the socket or the batch's steps), then handed to the engine,
-        in the order they came."""
+        in the order they came.  Requests waiting together are prepared in one call on
+        that thread (`prepare_all`): each hand-off between this thread and that one
+        waits for the interpreter, which the engine's thread holds for most of a step
+        while a batch decodes; one hand-off each way for a burst of requests, not two
+        for every one of them, lets a burst reach the engine together."""
         assert self.loop is not None and self.engine is not None
         while True:
-            job = await self.preparing.get()
-            if job.answered:  # cancelled while it waited
+            jobs = [await self.preparing.get()]
+            while not self.preparing.empty():
+                jobs.append(self.preparing.get_nowait())
+            jobs = [job for job in jobs if not job.answered]  # cancelled while they waited
+            if not jobs:
                 continue
-            rid = job.request.request_id
+            got = await self.loop.run_in_executor(self.prep, self.prepare_all, jobs)
+            for job, work in zip(jobs, got, strict=True):
+                if isinstance(work, Exception):  # refused (or failed) before any work
+                    self.finished(job, Ended(job.request.request_id, None, work,
+                                             getattr(work, "prompt_tokens", 0)))
+                elif not job.answered:
+                    job.work = work
+                    self.engine.submit(work)
+
+    def prepare_all(self, jobs: list[Job]) -> list[Work | Exception]:
+        """`prepare` for each job in order: its Work, or what refused or failed it."""
+        out: list[Work | Exception] = []
+        for job in jobs:
             try:
-                work = await self.loop.run_in_executor(self.prep, self.prepare, job)
-            except Exception as exc:  # refused (or failed) before any work
-                self.finished(job, Ended(rid, None, exc, getattr(exc, "prompt_tokens", 0)))
-                continue
-            if job.answered:
-                continue
-            job.work = work
-            self.engine.submit(work)
+                out.append(self.prepare(job))
+            except Exception as exc:
+                out.append(exc)
+        return out
 
     def prepare(self, job: Job) -> Work:
         """The request as the engine takes it: its prompt's tokens, checked against the
