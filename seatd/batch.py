@@ -49,7 +49,9 @@ Whether a step speculates is decided per step (`seatd.batch_policy`): alone, a r
 follows its request's adaptive depth as a single request does; in a batch, a verify
 step must beat a plain one at this batch size by the seat's measured step times, or
 the rows decline with `batch_not_profitable`, and while a prompt joins at the rows'
-pace the batch's steps are plain (`prompt_joining`).
+pace the batch's steps are plain (`prompt_joining`).  On a backend that builds each new
+shape on first use (`COMPILING`: CUDA) a batch steps plain (`batch_not_profitable`:
+`seatd.batch_policy.speculates`).
 
 The worker hands the engine prepared requests and reads what became of them as events
 from its outbox (`seatd.engine_io`: `Work` in; `Started`, `Text`, `Ended` out); what
