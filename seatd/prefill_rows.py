@@ -183,10 +183,9 @@ def unpaced_tokens(fit: tuple[float, float, float] | None, rows: int, context: f
     token's own cost soon outweighs the fixed part, and a chunk in all is about what
     amortises it; on a GPU a small model's forward is launches, nearly all fixed:
     traced through the batching bench on an H100 (demo, 16 clients), a cohort of 13
-    prompts of about 110 tokens took 39 tokens a row a step, 4-14 ms a step beside
-    the first rows' decode steps, and its rows joined over 90-430 ms, where one forward
-    of all of them is about one step's time.  Without a fit (nothing measured), a chunk
-    in all.  Pure."""
+    held-out chats took 39 tokens a row a step, 4-14 ms a step beside the first rows'
+    decode steps, and the slot's rows joined over 90-430 ms.  Without a fit (nothing
+    measured), a chunk in all.  Pure."""
     base = max(floor, chunk // max(1, rows))
     if fit is None:
         return base
