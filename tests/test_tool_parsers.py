@@ -4,7 +4,6 @@ chunks, a call that does not parse dropped, never sent as its markup."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 from pathlib import Path
@@ -25,6 +24,7 @@ from seatd.tool_calls import (
 from shared import protocol
 from shared.builtin import resolve_model
 from shared.prompt import load_tokenizer
+from tests.worker_rig import Recorder, demo_worker, drive, serving
 
 DATA = Path(__file__).parent / "data" / "tool_calls"
 TOOLS: list[Any] = json.loads((DATA / "tools.json").read_text())
@@ -283,59 +283,24 @@ CALL = '<tool_call>\n{"name": "get_time", "arguments": {"timezone": "UTC"}}\n</t
 STOPS = (*(c for c in "()[]=#.;+-*'0123456789\t" if c not in CALL), "def")
 
 
-class Recorder:
-    """The worker's ROUTER socket, keeping the frames it is given."""
-
-    def __init__(self) -> None:
-        self.frames: list[Any] = []
-        self.final = asyncio.Event()
-
-    def send_multipart(self, parts: list[bytes]) -> None:
-        frame = protocol.reply_decoder.decode(parts[1])
-        self.frames.append(frame)
-        if isinstance(frame, protocol.Final):
-            self.final.set()
-
-
 def answer(state: Path, requests: list[protocol.Generate]
            ) -> tuple[dict[str, list[Any]], dict[str, Any]]:
     """Each request's frames from a real seat worker (the demo model), one request at a
     time, and the seat's counters after them."""
-    from seatd.worker import SeatWorker
-    from shared.config import parse_config
-
-    config = parse_config(
-        f'[seatd]\nstate_dir = "{state}"\n[[seat]]\nname = "demo"\n'
-        'model = "builtin:demo"\nkv = "fp16"\nmax_prompt_tokens = 1536\n'
-        '[[route]]\nmodel = "demo"\nladder = ["demo"]\n')
-    worker = SeatWorker(config, config.seat_by_name("demo"))
+    worker = demo_worker(state)
     out: dict[str, list[Any]] = {}
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        worker.loop = loop
-        worker.loaded = await loop.run_in_executor(worker.mlx, worker.load)
-        engine = worker.loaded.engine
-        assert engine is not None
-        server = loop.run_in_executor(worker.mlx, engine.run)
-        preparer = loop.create_task(worker.prepared())
-        try:
+        async with serving(worker) as served:
+            served.prepare()
             for request in requests:
                 sock = Recorder()
-                worker.sock = sock  # type: ignore[assignment]
+                worker.sock = sock
                 worker.handle(b"peer", request)
-                await sock.final.wait()
+                await sock.finals(1)
                 out[request.request_id] = sock.frames
-        finally:
-            preparer.cancel()
-            engine.stop()
-            await server
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        worker.mlx.shutdown(wait=True)
-        worker.prep.shutdown(wait=True)
+    drive(worker, scenario())
     return out, worker.counters.snapshot()
 
 
