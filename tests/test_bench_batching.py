@@ -312,6 +312,25 @@ def test_the_mlx_lm_runner_hands_its_arguments_to_mlx_lm_server() -> None:
     assert "MLX Http Server" in done.stdout and "--draft-model" in done.stdout
 
 
+@pytest.mark.parametrize(("asked", "want"), [
+    ((), ("sanctum", "sanctum plain", "mlx_lm.server", "mlx_lm.server draft", "bound")),
+    (("mlx_lm.server", "bound"), ("sanctum", "sanctum plain", "mlx_lm.server", "bound")),
+    (("bound",), ("sanctum", "sanctum plain", "bound")),
+    (("sanctum",), ("sanctum", "sanctum plain")),  # our seats run whatever is asked
+])
+def test_the_arms_a_run_measures(asked: tuple[str, ...], want: tuple[str, ...]) -> None:
+    from sanctum.bench.batching import kept_arms
+
+    assert kept_arms(asked) == want
+
+
+def test_an_unknown_arm_is_refused_before_any_server_starts() -> None:
+    from sanctum.bench.batching import kept_arms
+
+    with pytest.raises(ValueError, match="no such arm vllm"):
+        kept_arms(("bound", "vllm"))
+
+
 def test_every_arm_reads_as_a_fraction_of_the_bound() -> None:
     """With a bound arm, the table gives each server's share of it, and the summary the
     plain seat's at 8 clients with its goal, and the default seat over the plain one."""

@@ -93,6 +93,17 @@ def long_prompt(files: Sequence[tuple[str, str]], count: Callable[[str], int],
                     prompt_tokens=count(text))
 
 
+def kept_arms(asked: Sequence[str]) -> tuple[str, ...]:
+    """The arms a run measures: our two seats always, and of the others those asked
+    (none asked: all).  An arm not known is refused.  Pure."""
+    others = (MLX, MLX_DRAFT, BOUND)
+    unknown = [a for a in asked if a not in (OURS, PLAIN, *others)]
+    if unknown:
+        raise ValueError(f"no such arm {', '.join(unknown)}: arms are "
+                         f"{', '.join((OURS, PLAIN, *others))}")
+    return (OURS, PLAIN, *(a for a in others if not asked or a in asked))
+
+
 def _seat_model(spec: str, path: Path) -> str:
     # A builtin stays a builtin in the config; a directory goes in as an absolute path
     # (the config sits in a temporary directory, and relative paths resolve from it).
@@ -113,6 +124,7 @@ def batching(opts: Options) -> Run:
         return O.not_measurable("batching", title, f"no drafter model at {opts.drafter}",
                                  opts.model)
     tokens, clients = opts.batch_tokens, sorted(set(opts.batch_clients))
+    keep = kept_arms(opts.arms)
     ctx = int(json.loads((path / "config.json").read_text()).get("max_position_embeddings",
                                                                  2048))
     cap = O.seat_cap(ctx, ROW_FACTOR * tokens)
@@ -144,10 +156,15 @@ def batching(opts: Options) -> Run:
         port = servers.free_port()
         url = stack.enter_context(servers.sanctum_up(servers.sanctum_config(port, seats),
                                                      ("bench", "plain"), port))
-        murl = stack.enter_context(servers.mlx_lm_server(str(served), servers.free_port()))
-        durl = stack.enter_context(servers.mlx_lm_server(
-            str(served), servers.free_port(), draft=str(served_drafter), num_draft=mlx_depth))
-        burl = stack.enter_context(bound_server(str(path), servers.free_port()))
+        murl = durl = burl = ""
+        if MLX in keep:
+            murl = stack.enter_context(servers.mlx_lm_server(str(served), servers.free_port()))
+        if MLX_DRAFT in keep:
+            durl = stack.enter_context(servers.mlx_lm_server(
+                str(served), servers.free_port(), draft=str(served_drafter),
+                num_draft=mlx_depth))
+        if BOUND in keep:
+            burl = stack.enter_context(bound_server(str(path), servers.free_port()))
 
         def arm(u: str, name: str, seeded: bool, **kw: Any) -> ConcurrentArm:
             return ConcurrentArm(u, name, short, rows, long, tokens, t, seeded, **kw)
@@ -169,7 +186,9 @@ def batching(opts: Options) -> Run:
                     "back, no server), the seat's weights and dtype: the physical bound",
                     BoundArm(burl, bound_prompt(tokenizer, short), tokens)),
         }
-        names = [f"c={c}" for c in clients] + [PREFILL]
+        arms = {n: a for n, a in arms.items() if n in keep}
+        names = [n for n in [f"c={c}" for c in clients] + [PREFILL]
+                 if not opts.workloads or n in opts.workloads]
         run_id = new_run_id()
         slots = make_schedule(list(arms), names, opts.batch_rounds, opts.warmup, opts.seed)
         samples = run_schedule(slots, {n: m for n, (_, m) in arms.items()}, run_id=run_id,
@@ -183,6 +202,7 @@ def batching(opts: Options) -> Run:
                           f"each has sent {settle_chunks(tokens)} chunks (at most "
                           f"{SETTLE_S:g} s after all stream), one request with a "
                           f"{long.prompt_tokens}-token prompt arrives")
+    workloads = {n: d for n, d in workloads.items() if n in names}
     notes = [
         f"Prompts: the held-out workloads ({source}) {', '.join(n for n in SHORT if n in by_name)}"
         ", rotated over the clients and the rounds, each request with a salt of its own "

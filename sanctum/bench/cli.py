@@ -52,6 +52,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts.draft_depth = depth
     opts.pinned_depths = tuple(int(d) for d in args.pinned_depths.split(",") if d)
     opts.workloads = tuple(w for w in args.workloads.split(",") if w)
+    opts.arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
     out = Path(args.out)
     for name in names:
@@ -137,6 +138,10 @@ def add_bench(sub: Any) -> None:
     run.add_argument("--temperature", type=float, default=d.temperature)
     run.add_argument("--workloads", default="",
                      help="comma-separated workload names to run (default: each comparison's)")
+    run.add_argument("--arms", default="",
+                     help="batching: comma-separated arms to run besides our two seats "
+                     "(mlx_lm.server, mlx_lm.server draft, bound; default: all), so that a "
+                     "large model's servers fit one device")
     run.add_argument("--draft-depth", default=str(d.draft_depth),
                      help="speculation: the seat's fixed draft depth and mlx-lm's "
                      "num_draft_tokens, or 'adaptive' (the seat's default; mlx-lm gets 4); "

@@ -50,6 +50,9 @@ class Options:
     pinned_depths: tuple[int, ...] = ()
     # only these workloads (names before the temperature suffix); empty: each comparison's own
     workloads: tuple[str, ...] = ()
+    # batching: only these arms besides our two seats (each one a server on the device);
+    # empty: every arm
+    arms: tuple[str, ...] = ()
     # proxy overhead
     requests: int = 200
     clients: int = 8
