@@ -12,18 +12,6 @@ keeps `kv_budget_mb` alone.
     headroom(room) -> bytes                      activations and cached buffers
     kv_room(kv_budget, memory_budget, in_use)    the KV bytes rows and the prompt cache
         -> Room                                  may use, and why
-    cache_limit(room, backend) -> bytes | None   the freed buffers MLX may keep
-
-MLX keeps freed buffers for reuse, by default up to its whole memory limit (on CUDA 95%
-of the card).  Where one process has the device that is harmless; on a card several
-processes share (CUDA: each seat is a process, and each process's MLX takes 95% of the
-card for its own) the buffers one process keeps are memory the others cannot have, and
-none gives them back until its own allocations fail.  A seat's KV grows by new buffers
-of new sizes (a batch's rows joining, its capacity's steps), each kept once freed: through
-the batching bench on an H100 (an 8B-shape 4-bit target, two seats and three other
-MLX processes on the card) the card filled (81 GB) within four client levels and a
-seat's prefill failed with out of memory.  So on such a device a seat keeps at most a
-quarter of the largest headroom even without a memory budget.
 
 Pure; `in_use()` reads the process.
 """
@@ -49,20 +37,6 @@ def headroom(room: int) -> int:
     prefill chunk's activations and the buffers MLX keeps for reuse (a quarter of it:
     the worker sets MLX's cache limit so)."""
     return min(HEADROOM_MAX, max(HEADROOM_MIN, room // 8))
-
-
-SHARED_DEVICES = ("cuda",)  # a card that processes share, each MLX taking most of it
-
-
-def cache_limit(room: Room, backend: str) -> int | None:
-    """The bytes of freed buffers MLX may keep for reuse: a quarter of the headroom
-    under a memory budget (the rest is for a step's live activations); without one, a
-    quarter of the largest headroom on a device processes share (`SHARED_DEVICES`), and
-    None elsewhere (MLX's own limit: the process has its memory to itself, or, on a
-    Mac, counts it under a memory budget).  Pure."""
-    if room.headroom:
-        return room.headroom // 4
-    return HEADROOM_MAX // 4 if backend in SHARED_DEVICES else None
 
 
 def kv_room(kv_budget: int, memory_budget: int | None, in_use: int) -> Room:

@@ -327,9 +327,10 @@ class SeatWorker:
         self.loaded_bytes = memory.in_use(backend())
         budget = seat.memory_budget_mb * MB if seat.memory_budget_mb else None
         room = memory.kv_room(seat.kv_budget_mb * MB, budget, self.loaded_bytes)
-        limit = memory.cache_limit(room, backend())
-        if limit is not None:  # freed buffers MLX keeps count in the process's memory
-            mx.set_cache_limit(limit)
+        if budget is not None:
+            # Freed buffers MLX keeps for reuse count in the process's memory: a quarter
+            # of the headroom, the rest for a step's live activations.
+            mx.set_cache_limit(room.headroom // 4)
         self.memory_budget_bytes, self.kv_budget_bytes = budget or 0, room.kv
         log.info("memory_budget", loaded_mb=round(self.loaded_bytes / MB, 1),
                  kv_mb=round(room.kv / MB, 1), headroom_mb=round(room.headroom / MB, 1),

@@ -281,37 +281,6 @@ def test_the_bound_arm_runs_mlx_lm_forwards_in_a_process_it_stops() -> None:
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
-@pytest.mark.parametrize(("device", "want"), [("cuda", 128 << 20), ("cpu", None),
-                                              ("metal", None)])
-def test_the_bench_servers_bound_mlx_cache_as_a_seat_does(
-        monkeypatch: pytest.MonkeyPatch, device: str, want: int | None) -> None:
-    """mlx_lm.server and the bound keep MLX's freed buffers within a seat's own limit on
-    a card processes share, and MLX's own limit elsewhere (the process's limit is put
-    back after)."""
-    import mlx.core as mx
-
-    import seatd.backend
-    from sanctum.bench.mlx_lm_run import bound_cache
-
-    monkeypatch.setattr(seatd.backend, "backend", lambda: device)
-    before = mx.set_cache_limit(1 << 40)  # a marker only this process's test sets
-    try:
-        assert bound_cache() == want
-        assert mx.set_cache_limit(before) == (1 << 40 if want is None else want)
-    finally:
-        mx.set_cache_limit(before)
-
-
-def test_the_mlx_lm_runner_hands_its_arguments_to_mlx_lm_server() -> None:
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-m", "sanctum.bench.mlx_lm_run", "--help"],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    assert "MLX Http Server" in done.stdout and "--draft-model" in done.stdout
-
-
 @pytest.mark.parametrize(("asked", "want"), [
     ((), ("sanctum", "sanctum plain", "mlx_lm.server", "mlx_lm.server draft", "bound")),
     (("mlx_lm.server", "bound"), ("sanctum", "sanctum plain", "mlx_lm.server", "bound")),

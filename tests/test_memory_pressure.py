@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import seatd.batch
-from seatd.memory import MB, Room, cache_limit, headroom, kv_room
+from seatd.memory import MB, headroom, kv_room
 from tests.procs import Sanctum, http, running
 
 pytestmark = pytest.mark.slow
@@ -60,18 +60,6 @@ def test_kv_room_counts_the_loaded_model_and_a_headroom(
         kv: int, memory: int | None, loaded: int, want: tuple[int, int, bool]) -> None:
     room = kv_room(kv, memory, loaded)
     assert (room.kv, room.headroom, room.limited) == want
-
-
-@pytest.mark.parametrize(("room", "backend", "want"), [
-    (Room(2048 * MB, 387 * MB, False), "cuda", 387 * MB // 4),  # a budget: its headroom's
-    (Room(2048 * MB, 387 * MB, False), "cpu", 387 * MB // 4),
-    (Room(2048 * MB, 64 * MB, True), "metal", 16 * MB),
-    (Room(2048 * MB, 0, False), "cuda", 128 * MB),  # no budget, a card processes share
-    (Room(2048 * MB, 0, False), "cpu", None),  # no budget, MLX's own limit
-    (Room(2048 * MB, 0, False), "metal", None),
-])
-def test_cache_limit_by_budget_and_device(room: Room, backend: str, want: int | None) -> None:
-    assert cache_limit(room, backend) == want
 
 
 def test_headroom_is_an_eighth_within_bounds() -> None:

@@ -71,10 +71,8 @@ def decode_loop(model: Any, prompt: Sequence[int], batch: int, tokens: int) -> d
 def serve(model_dir: str, port: int) -> None:
     from pathlib import Path
 
-    from sanctum.bench.mlx_lm_run import bound_cache
     from seatd.model_load import load_for_compute
 
-    bound_cache()  # the device is shared with the other arms, as theirs is
     model = load_for_compute(Path(model_dir)).model
 
     class Handler(BaseHTTPRequestHandler):

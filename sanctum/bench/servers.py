@@ -185,10 +185,9 @@ def sanctum_up(config_text: str, seats: tuple[str, ...], port: int,
 @contextmanager
 def mlx_lm_server(model_dir: str, port: int, draft: str | None = None,
                   num_draft: int | None = None, timeout: float = 300) -> Iterator[str]:
-    """mlx-lm's own server on the same model, with the same BLAS as our workers, and
-    MLX's freed-buffer cache bounded as theirs is (`sanctum.bench.mlx_lm_run`)."""
+    """mlx-lm's own server on the same model, with the same BLAS as our workers."""
     with workdir() as wd:
-        argv = [sys.executable, "-m", "sanctum.bench.mlx_lm_run", "--model", model_dir,
+        argv = [sys.executable, "-m", "mlx_lm", "server", "--model", model_dir,
                 "--port", str(port), "--log-level", "WARNING"]
         if draft:
             argv += ["--draft-model", draft]
