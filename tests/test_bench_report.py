@@ -147,6 +147,19 @@ def test_spec_results_are_named_by_model_and_depth(model: str, depth: int | None
     assert spec_stem(Options(model=model, draft_depth=depth)) == stem
 
 
+@pytest.mark.parametrize(("model", "temperature", "stem"), [
+    ("builtin:demo", 0.0, "batching"),
+    ("builtin:demo", 0.7, "batching-t0.7"),
+    ("shape:8b", 0.0, "batching-shape-8b"),
+    ("shape:8b", 0.7, "batching-shape-8b-t0.7"),
+])
+def test_batching_results_are_named_by_model_and_temperature(
+        model: str, temperature: float, stem: str) -> None:
+    from sanctum.bench.batching import stem as batching_stem
+
+    assert batching_stem(Options(model=model, temperature=temperature)) == stem
+
+
 def test_a_spec_run_with_another_drafter_is_named_by_it() -> None:
     from sanctum.bench.cli import spec_stem
 

@@ -71,7 +71,16 @@ BOUND_LEVELS = (8, 16)
 
 
 def stem(opts: Options) -> str:
-    return "batching" if opts.temperature == 0 else f"batching-t{opts.temperature:g}"
+    """batching, or batching-MODEL / batching-tT / batching-MODEL-tT for a run off the
+    default model or temperature.  Pure."""
+    from sanctum.bench.drafter_kinds import stem_part
+
+    parts = ["batching"]
+    if opts.model != Options().model:
+        parts.append(stem_part(opts.model))
+    if opts.temperature != 0:
+        parts.append(f"t{opts.temperature:g}")
+    return "-".join(parts)
 
 
 def long_prompt(files: Sequence[tuple[str, str]], count: Callable[[str], int],
@@ -170,8 +179,9 @@ def batching(opts: Options) -> Run:
             return ConcurrentArm(u, name, short, rows, long, tokens, t, seeded, **kw)
 
         arms: dict[str, tuple[str, Callable[[str], dict[str, float]]]] = {
-            OURS: ("openai-compatible HTTP -> proxyd -> the demo seat as configured by "
-                   "default (drafter, speculation on, adaptive depth)",
+            OURS: (f"openai-compatible HTTP -> proxyd -> a seat on {opts.model} as "
+                   f"configured by default (drafter {opts.drafter}, speculation on, "
+                   "adaptive depth)",
                    arm(url, "bench", True, seat="bench")),
             PLAIN: ("the same seat with speculation = false",
                     arm(url, "plain", True, seat="plain")),
