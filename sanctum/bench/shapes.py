@@ -43,17 +43,29 @@ def shape_model(name: str, root: Path | None = None, seed: int = 0) -> Path:
     """The directory of shape `name`'s random model, built there first if missing.
     Raises ValueError for a shape not in SHAPES."""
     import mlx.core as mx
-    import mlx.nn as nn
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
-
-    from shared.builtin import resolve_model
 
     if name not in SHAPES:
         raise ValueError(f"unknown shape {name!r} (known: {', '.join(SHAPES)})")
     out = (root or models_dir()) / f"shape-{name}"
     if (out / "config.json").exists():
         return out
+    _build(name, out, seed)
+    # The built model's buffers, freed, stay in MLX's cache for the process's life unless
+    # given back: an 8b build's 4-5 GB through every slot, beside the servers the bench
+    # measures (on an H100, nvidia-smi showed a process of 5.7 GB from before the first
+    # server started to the run's end).
+    mx.clear_cache()
+    return out
+
+
+def _build(name: str, out: Path, seed: int) -> None:
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    from shared.builtin import resolve_model
+
     source = resolve_model(TOKENIZER)
     vocab = int(json.loads((source / "config.json").read_text())["vocab_size"])
     config = {"model_type": "llama", "vocab_size": vocab, "rms_norm_eps": 1e-5,
@@ -84,4 +96,3 @@ def shape_model(name: str, root: Path | None = None, seed: int = 0) -> Path:
         if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
             shutil.copy(f, tmp / f.name)
     tmp.rename(out)
-    return out
