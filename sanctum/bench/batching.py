@@ -2,7 +2,11 @@
 interleaved, same weights, same prompts (continuous batching in the seat).
 
     sanctum bench run batching [--clients 1,2,4,8,16] [--rounds N] [--tokens N]
-                               [--temperature T]
+                               [--temperature T] [--arms A,B] [--workloads c=N,...]
+
+`--arms`: which of mlx_lm.server, mlx_lm.server draft and bound run beside our two
+seats (default all: every arm's server is up at once, and a large model's five may not
+fit one device); `--workloads`: which slots (`c=N`, PREFILL) of those asked.
 
 Arms (one `sanctum up` with two seats and two mlx_lm.server processes, all up at once):
 
