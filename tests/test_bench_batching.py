@@ -294,10 +294,23 @@ def test_the_arms_a_run_measures(asked: tuple[str, ...], want: tuple[str, ...]) 
 
 
 def test_an_unknown_arm_is_refused_before_any_server_starts() -> None:
+    """By the command itself: a clear line and exit 2, before any server is started."""
+    import subprocess
+    import sys
+
+    import psutil
+
     from sanctum.bench.batching import kept_arms
 
     with pytest.raises(ValueError, match="no such arm vllm"):
         kept_arms(("bound", "vllm"))
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    done = subprocess.run([sys.executable, "-m", "sanctum.cli", "bench", "run", "batching",
+                           "--arms", "bound,vllm"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2
+    assert "no such arm vllm" in done.stderr and "Traceback" not in done.stderr
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
 def test_every_arm_reads_as_a_fraction_of_the_bound() -> None:

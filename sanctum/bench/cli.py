@@ -30,6 +30,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from sanctum.bench.batching import kept_arms
     from sanctum.bench.comparisons import COMPARISONS
     from sanctum.bench.results import save_run
 
@@ -53,6 +54,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts.pinned_depths = tuple(int(d) for d in args.pinned_depths.split(",") if d)
     opts.workloads = tuple(w for w in args.workloads.split(",") if w)
     opts.arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    try:  # a name not known stops the run before any server starts
+        kept_arms(opts.arms)
+    except ValueError as exc:
+        print(f"sanctum bench: {exc}", file=sys.stderr)
+        return 2
     names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
     out = Path(args.out)
     for name in names:
