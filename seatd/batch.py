@@ -292,6 +292,7 @@ class Engine:
         self.drafter_seen = 0
         self.stopped = False
         self.batch_sizes: dict[int, int] = {}  # steps seen at each batch size
+        self.batch_us: dict[int, int] = {}  # ... and their time, in microseconds
         self.kv_bytes = 0  # the batch's KV now, refreshed after every step
         self.prefill_cost = PrefillCost()
         # Riding (`_board`): the group offered to its lane's next step, the prompt that
@@ -326,11 +327,14 @@ class Engine:
             rows.extend(r.rid for r in lane.rows)
         return rows
 
-    def drain_sizes(self) -> dict[int, int]:
-        """Steps decoded at each batch size since the last drain."""
+    def drain_sizes(self) -> tuple[dict[int, int], dict[int, int]]:
+        """Steps decoded at each batch size since the last drain, and their time in
+        microseconds (each step whole: its plan, forward and bookkeeping; a prompt's
+        prefill forward between steps is not theirs)."""
         with self.lock:
             out, self.batch_sizes = self.batch_sizes, {}
-        return out
+            us, self.batch_us = self.batch_us, {}
+        return out, us
 
     # -- the MLX thread ---------------------------------------------------------
 
@@ -844,6 +848,7 @@ class Engine:
         or a plain one), then take what it measured into the seat's figures
         (`_measured`)."""
         B = len(lane.rows)
+        begun = time.perf_counter()
         if B > 1:
             for r in lane.rows:
                 r.beside = True
@@ -870,9 +875,12 @@ class Engine:
             lane.rows = []
             lane.cache.drop([])
             lane.drafter = None
-            return
-        self._measured(lane, B, plan, parts, time.perf_counter() - started)
-        self._leave(lane)
+        else:
+            self._measured(lane, B, plan, parts, time.perf_counter() - started)
+            self._leave(lane)
+        took = round(1e6 * (time.perf_counter() - begun))
+        with self.lock:
+            self.batch_us[B] = self.batch_us.get(B, 0) + took
 
     def _plan(self, lane: Lane) -> StepPlan:
         """The lane's next step (`seatd.batch_policy.decide_step`); a row whose wish to

@@ -43,6 +43,7 @@ PLAIN = (
 # (shared/protocol.py BAD_FRAME_REASONS)
 # spec_*_by_drafter: the speculation totals split by who drafted ("model", "lookup")
 LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens", "batch_steps",
+            "batch_step_us",
             "bad_frames_by_reason", "spec_drafts_by_drafter", "spec_draft_tokens_by_drafter",
             "spec_accepted_by_drafter")
 # Prompt lengths of refused (413) prompts kept for the median; the count is exact.
@@ -133,10 +134,15 @@ class SeatCounters:
             self.inc("prompt_cache_discarded_tokens", tokens, label=reason)
         self.gauges.update(prompt_cache_entries=entries, prompt_cache_bytes=nbytes)
 
-    def batch(self, sizes: dict[int, int], rows: int, queued: int, kv_bytes: int) -> None:
-        """Decode steps by batch size (`batch_steps{size}`) and the batch's state now."""
-        for size, steps in sizes.items():
+    def batch(self, sizes: tuple[dict[int, int], dict[int, int]], rows: int, queued: int,
+              kv_bytes: int) -> None:
+        """Decode steps by batch size (`batch_steps{size}`) and their time in
+        microseconds (`batch_step_us{size}`), and the batch's state now."""
+        steps_by, us_by = sizes
+        for size, steps in steps_by.items():
             self.inc("batch_steps", steps, label=str(size))
+        for size, us in us_by.items():
+            self.inc("batch_step_us", us, label=str(size))
         self.gauges.update(rows_active=rows, rows_queued=queued, kv_bytes=kv_bytes)
 
     @staticmethod

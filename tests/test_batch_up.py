@@ -179,4 +179,7 @@ def test_rows_batch_stream_equals_sync_and_faults_stay_in_their_row(
     assert states <= {"accelerated"} | {s for s in states if s.startswith("declined:")}
     sizes = {int(k): v for k, v in after["batch_steps"].items()}
     assert max(sizes) >= 2, sizes  # rows really decoded in one forward
+    # every size's steps have their time beside them, a positive time a step
+    took = {int(k): v for k, v in after["batch_step_us"].items()}
+    assert set(took) == set(sizes) and all(took[k] > 0 for k in sizes), (took, sizes)
     assert after["rows_active"] == 0 or after["rows_active"] <= len(REQUESTS)

@@ -190,6 +190,10 @@ def test_long_prompt_fills_its_target_at_a_line_end() -> None:
     ({}, {"batch_steps": {"8": 3}}, {"mean_batch": 8, "max_batch": 8}),
     ({"batch_steps": {"2": 3}}, {"batch_steps": {"2": 3}}, {}),  # no step in the slot
     ({}, {"served": 3}, {}),  # a seat that does not count batch sizes
+    # a step's time at the slot's most rows: 3 steps of 4 rows in 12,000 us
+    ({"batch_steps": {"1": 5, "4": 1}, "batch_step_us": {"1": 9000, "4": 5000}},
+     {"batch_steps": {"1": 7, "4": 4}, "batch_step_us": {"1": 12000, "4": 17000}},
+     {"mean_batch": (2 * 1 + 3 * 4) / 5, "max_batch": 4, "step_ms": 4.0}),
 ])
 def test_rows_per_step_from_the_seat_counters(before: dict[str, object],
                                               after: dict[str, object],

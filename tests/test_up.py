@@ -129,6 +129,7 @@ def test_models_health_counters_metrics(up: Sanctum) -> None:
     assert '# TYPE sanctum_seat_rows_active gauge' in text
     assert 'sanctum_seat_kv_bytes{seat="demo"}' in text
     assert 'sanctum_seat_batch_steps_total{label="1",seat="demo"}' in text
+    assert 'sanctum_seat_batch_step_us_total{label="1",seat="demo"}' in text
     health = up.health()["seats"]["demo"]
     assert health["max_batch"] == 16
     assert isinstance(health["rows"], int) and isinstance(health["kv_bytes"], int)

@@ -383,8 +383,9 @@ def table(run: Run) -> list[str]:
     lines = ["Medians over the measured rounds of each slot's figures; the ratio is per "
              "pair (same round and level, back to back).", "",
              f"| clients | arm | aggregate tok/s | over {MLX} | of the bound | TTFT p50 "
-             "| TTFT p99 | inter-token p99 | slowest request | accelerated | rows per step |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| TTFT p99 | inter-token p99 | slowest request | accelerated | rows per step "
+             "| a step at most rows |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c in levels(run):
         w = f"c={c}"
         for arm in arms:
@@ -402,7 +403,8 @@ def table(run: Run) -> list[str]:
                 f"| {_med(run, 'itl_p99_s', arm, w, _seconds)} "
                 f"| {_med(run, 'slowest_s', arm, w, _seconds)} "
                 f"| {_med(run, 'accelerated', arm, w, lambda x: f'{x:.0%}')} "
-                f"| {_med(run, 'mean_batch', arm, w, lambda x: f'{x:.2g}')} |")
+                f"| {_med(run, 'mean_batch', arm, w, lambda x: f'{x:.2g}')} "
+                f"| {_med(run, 'step_ms', arm, w, lambda x: f'{x:.3g} ms')} |")
     if PREFILL in run.workloads:
         lines += ["", f"{run.workloads[PREFILL]}:", "",
                   "| arm | rows decoding at arrival | inter-token p99 before | during "

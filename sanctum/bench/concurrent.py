@@ -15,6 +15,9 @@ streamed request each, and reports what the server did for all of them:
     mean_batch, max_batch    rows per decode step over the slot, from the seat's
                     `batch_steps{size}` counter (GET /counters before and after; our
                     seats only, once they batch)
+    step_ms         milliseconds a decode step took at the slot's most rows, from the
+                    seat's `batch_step_us{size}` beside `batch_steps` (our seats; the
+                    bound reports its own step_ms)
 
 The prefill scenario (`PREFILL`) streams ROWS long answers (ROW_FACTOR x tokens); once
 all of them stream and each has sent a third of a slot's tokens in chunks (SETTLE_PART;
@@ -125,20 +128,31 @@ def prefill_figures(rows: Sequence[Stream], arrive: float, first: float | None,
     return out
 
 
-def batch_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
-    """Rows per decode step over a slot, from a seat's `batch_steps` ({size: steps})
-    before and after it.  Pure; nothing when the seat does not count them."""
-    b, a = before.get("batch_steps"), after.get("batch_steps")
+def _grown(before: dict[str, Any], after: dict[str, Any], name: str) -> dict[int, int]:
+    """A labelled counter's growth by batch size between two snapshots (sizes that grew)."""
+    b, a = before.get(name), after.get(name)
     if not isinstance(a, dict):
         return {}
     b = b if isinstance(b, dict) else {}
-    steps = {int(k): int(v) - int(b.get(k, 0)) for k, v in a.items()}
-    steps = {k: v for k, v in steps.items() if v > 0}
+    grown = {int(k): int(v) - int(b.get(k, 0)) for k, v in a.items()}
+    return {k: v for k, v in grown.items() if v > 0}
+
+
+def batch_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Rows per decode step over a slot, from a seat's `batch_steps` ({size: steps})
+    before and after it, and a step's milliseconds at its most rows from
+    `batch_step_us`.  Pure; nothing when the seat does not count them."""
+    steps = _grown(before, after, "batch_steps")
     total = sum(steps.values())
     if not total:
         return {}
-    return {"mean_batch": sum(k * v for k, v in steps.items()) / total,
-            "max_batch": float(max(steps))}
+    most = max(steps)
+    out = {"mean_batch": sum(k * v for k, v in steps.items()) / total,
+           "max_batch": float(most)}
+    us = _grown(before, after, "batch_step_us").get(most)
+    if us:
+        out["step_ms"] = us / steps[most] / 1e3
+    return out
 
 
 def seat_counters(base_url: str, seat: str) -> dict[str, Any]:
