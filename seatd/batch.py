@@ -327,7 +327,7 @@ class Engine:
             rows.extend(r.rid for r in lane.rows)
         return rows
 
-    def drain_sizes(self) -> tuple[dict[int, int], dict[int, int]]:
+    def drain_steps(self) -> tuple[dict[int, int], dict[int, int]]:
         """Steps decoded at each batch size since the last drain, and their time in
         microseconds (each step whole: its plan, forward and bookkeeping; a prompt's
         prefill forward between steps is not theirs)."""
@@ -854,8 +854,6 @@ class Engine:
                 r.beside = True
         if speculates(B, self.compiles):  # rows that cannot verify draft nothing together
             self._draft_rows(lane)
-        with self.lock:
-            self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
         plan = self._plan(lane)
         spec = lane.rows[0].work.spec if B == 1 else None
         costs = spec.costs if spec is not None else None
@@ -879,7 +877,8 @@ class Engine:
             self._measured(lane, B, plan, parts, time.perf_counter() - started)
             self._leave(lane)
         took = round(1e6 * (time.perf_counter() - begun))
-        with self.lock:
+        with self.lock:  # the step and its time, counted together
+            self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
             self.batch_us[B] = self.batch_us.get(B, 0) + took
 
     def _plan(self, lane: Lane) -> StepPlan:

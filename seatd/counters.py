@@ -134,11 +134,12 @@ class SeatCounters:
             self.inc("prompt_cache_discarded_tokens", tokens, label=reason)
         self.gauges.update(prompt_cache_entries=entries, prompt_cache_bytes=nbytes)
 
-    def batch(self, sizes: tuple[dict[int, int], dict[int, int]], rows: int, queued: int,
+    def batch(self, drained: tuple[dict[int, int], dict[int, int]], rows: int, queued: int,
               kv_bytes: int) -> None:
         """Decode steps by batch size (`batch_steps{size}`) and their time in
-        microseconds (`batch_step_us{size}`), and the batch's state now."""
-        steps_by, us_by = sizes
+        microseconds (`batch_step_us{size}`), as `Engine.drain_steps` gives them, and the
+        batch's state now."""
+        steps_by, us_by = drained
         for size, steps in steps_by.items():
             self.inc("batch_steps", steps, label=str(size))
         for size, us in us_by.items():
