@@ -511,13 +511,17 @@ def test_a_batch_takes_plain_steps_while_a_prompt_joins_at_its_pace(
     from seatd.batch_policy import PACE_STEPS
 
     model, tok, drafter = pair
-    steps: list[tuple[bool, bool]] = []  # (verified, a prompt was joining at the pace)
+    # (verified, a prompt was joining at the pace beside a batch): a row left alone
+    # speculates whoever joins (`Engine._plan`); its partner may stop first where the
+    # prompt's pace, set by measured step times, takes more steps
+    steps: list[tuple[bool, bool]] = []
     real_decode = batch.Engine._decode
     real_verify = batch.Engine._verify_step
     verified = [False]
 
     def decode_step(self: Engine, lane: Any) -> None:
-        joining = any(self._prefill_time(g) is not None for g in self.groups)
+        joining = len(lane.rows) > 1 and any(
+            self._prefill_time(g) is not None for g in self.groups)
         verified[0] = False
         real_decode(self, lane)
         steps.append((verified[0], joining))
