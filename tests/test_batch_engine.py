@@ -688,6 +688,39 @@ def test_seeded_rows_sampling_by_temperature_alone_draw_together_and_keep_their_
         assert got.token_ids == want.token_ids, rid
 
 
+def test_unseeded_sampling_rows_draw_together(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unseeded rows sampling by temperature alone, beside a greedy one, batched: their
+    plain steps draw in one operation (on a GPU a row's own draw is launches of its
+    own), and each answers in full."""
+    model, tok, _ = pair
+    together: list[int] = []
+    real = Engine._sample_tempered
+
+    def counted(logits: Any, rows: Any) -> Any:
+        together.append(len(rows))
+        return real(logits, rows)
+
+    monkeypatch.setattr(Engine, "_sample_tempered", staticmethod(counted))
+    params = {"a": SamplingParams(max_tokens=20, temperature=0.7),
+              "b": SamplingParams(max_tokens=20, temperature=1.2),
+              "c": SamplingParams(max_tokens=20, temperature=0)}
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    for i, (rid, p) in enumerate(params.items()):
+        engine.submit(Work(Generate(rid, False, p, prompt="-"), tok.encode(PROMPTS[i]),
+                           "fp16"))
+    told = drive(engine, 3)
+    assert max(together) == 3, "the three rows drew together"
+    want_c = decode(model, tok, tok.encode(PROMPTS[2]), params["c"], kv="fp16",
+                    context_length=2048)
+    for rid in params:
+        got = told.result(rid)
+        assert told.error(rid) is None and got is not None, rid
+        assert got.completion_tokens == 20 or got.finish_reason == "stop", rid
+    got_c = told.result("c")
+    assert got_c is not None and got_c.token_ids == want_c.token_ids
+
+
 @pytest.mark.parametrize("loses", [True, False])
 def test_rows_of_a_batch_where_verifying_loses_take_no_drafter_prefill_until_alone(
         pair: tuple[Any, Any, Any], loses: bool) -> None:

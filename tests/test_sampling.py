@@ -1,6 +1,8 @@
 """Sampling: filters keep the right tokens; a seeded draw is a pure function of
 (seed, position); an unseeded one comes from a key chain."""
 
+from typing import Any
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -140,7 +142,8 @@ def test_a_batch_of_tempered_rows_draws_each_rows_own_token(
     (SamplingParams(temperature=0.7, seed=1, top_p=0.9), False),  # a filter: row by row
     (SamplingParams(temperature=0.7, seed=1, top_k=40), False),
     (SamplingParams(temperature=0.7, seed=1, min_p=0.05), False),
-    (SamplingParams(temperature=0.7), False),  # unseeded: chained keys, row by row
+    (SamplingParams(temperature=0.7), True),  # unseeded: one block of noise for them all
+    (SamplingParams(temperature=0.7, top_p=0.5), False),
     (SamplingParams(temperature=0.0, seed=1), False),  # greedy
 ])
 def test_which_rows_draw_by_temperature_alone(params: SamplingParams, tempered: bool) -> None:
@@ -150,3 +153,76 @@ def test_which_rows_draw_by_temperature_alone(params: SamplingParams, tempered: 
 
     row = SimpleNamespace(params=params, draws=draws_for(params, 16))
     assert _tempered(row) is tempered  # type: ignore[arg-type]
+
+
+def _rows(spec: list[tuple[float, int | None]], width: int, start: int = 7) -> list[Any]:
+    from types import SimpleNamespace
+
+    made = []
+    for i, (t, seed) in enumerate(spec):
+        params = SamplingParams(temperature=t, seed=seed)
+        draws = Keyed(seed, width) if seed is not None else Chained(start + i)
+        made.append(SimpleNamespace(params=params, draws=draws, issued=i, shaper=None))
+    return made
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_unseeded_rows_draw_together_from_their_own_softmax(
+        temperature: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unseeded rows sampling by temperature alone draw in one block of noise
+    (`Engine._sample_tempered`): one key a step for all of them, and each row's token
+    follows softmax(logits / T), as `mx.random.categorical` would draw it."""
+    from seatd.batch import Engine
+
+    keys = []
+    real = Chained.next_key
+
+    def counted(self: Chained) -> mx.array:
+        keys.append(self)
+        return real(self)
+
+    monkeypatch.setattr(Chained, "next_key", counted)
+    p = [0.5, 0.3, 0.15, 0.05]
+    B = 4000
+    logits = mx.log(mx.array([p] * B))
+    made = _rows([(temperature, None)] * B, 4)
+    got = Engine._sample_tempered(logits, made).tolist()
+    assert len(keys) == 1, "one key for the whole block, not one a row"
+    want = [q ** (1 / temperature) for q in p]
+    want = [q / sum(want) for q in want]
+    seen = [got.count(i) / B for i in range(4)]
+    assert all(abs(a - b) < 0.03 for a, b in zip(seen, want, strict=True)), (seen, want)
+
+
+def test_unseeded_rows_of_one_batch_draw_independently() -> None:
+    """Two unseeded rows with the same logits, step after step: each draws its own token
+    (they agree about as often as two independent draws do, sum of p squared = 0.365),
+    and a row's draws differ from step to step."""
+    from seatd.batch import Engine
+
+    logits = mx.log(mx.array([[0.5, 0.3, 0.15, 0.05]] * 2))
+    made = _rows([(1.0, None), (1.0, None)], 4)
+    draws = [Engine._sample_tempered(logits, made).tolist() for _ in range(400)]
+    same = sum(a == b for a, b in draws) / len(draws)
+    assert 0.25 < same < 0.5, same
+    assert len({a for a, _ in draws}) == 4
+
+
+def test_seeded_greedy_and_unseeded_rows_together_keep_the_seeded_and_greedy_tokens() -> None:
+    """A batch mixing all three: the seeded rows draw their own keyed tokens bit for bit,
+    the greedy rows their argmax, the unseeded ones from the shared block."""
+    from seatd.batch import Engine
+
+    width = 512
+    spec: list[tuple[float, int | None]] = [
+        (0.7, 3), (0.9, None), (0.0, None), (1.2, None), (0.7, 4), (0.0, None)]
+    logits = mx.random.normal((len(spec), width), key=mx.random.key(5)) * 4
+    made = _rows(spec, width)
+    got = Engine._sample_tempered(logits, made).tolist()
+    for b, r in enumerate(made):
+        if r.params.temperature == 0:
+            assert got[b] == mx.argmax(logits[b]).item()
+        elif isinstance(r.draws, Keyed):
+            assert got[b] == r.draws.token(logits[b : b + 1], r.params, r.issued).item()
+        else:
+            assert 0 <= got[b] < width
