@@ -723,12 +723,23 @@ class Engine:
         if not ready:
             return
         rest = [b for b in range(len(group.rows)) if b not in ready]
-        for b in ready:
-            row = group.rows[b]
-            self.joining.remove(row)
-            own = len(row.work.prompt) - 1  # past it: filler (`_prefill_group`)
-            self._join(row, take(group.cache, b, own) if len(group.rows) > 1
-                       or group.done > own else group.cache)
+        lane = self.lanes[group.lane]
+        if len(ready) > 1 and isinstance(lane.cache, RowsCache) and lane.cache.joins_rows \
+                and all(type(c) in KV_LAYERS for c in group.cache):
+            # together, as one segment: one gather a layer where some rows stay, else none
+            rows = [group.rows[b] for b in ready]
+            lane.cache.join_rows(prefill_rows.keep(group.cache, ready) if rest
+                                 else group.cache, [len(r.work.prompt) - 1 for r in rows])
+            for row in rows:
+                self.joining.remove(row)
+                self._joined(row)
+        else:
+            for b in ready:
+                row = group.rows[b]
+                self.joining.remove(row)
+                own = len(row.work.prompt) - 1  # past it: filler (`_prefill_group`)
+                self._join(row, take(group.cache, b, own) if len(group.rows) > 1
+                           or group.done > own else group.cache)
         group.cache = prefill_rows.keep(group.cache, rest) if rest else []
         group.rows = [group.rows[b] for b in rest]
 
@@ -799,9 +810,13 @@ class Engine:
             return True
 
     def _join(self, row: Row, cache: list[Any]) -> None:
+        self.lanes[row.lane].cache.join(cache, len(row.work.prompt) - 1)
+        self._joined(row)
+
+    def _joined(self, row: Row) -> None:
+        """A row whose prompt is in its lane's cache decodes from the next step."""
         work = row.work
         lane = self.lanes[row.lane]
-        lane.cache.join(cache, len(work.prompt) - 1)
         row.feed = mx.array([work.prompt[-1]], dtype=mx.uint32)
         row.unread = False
         row.began = self.decoded

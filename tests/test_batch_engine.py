@@ -303,25 +303,35 @@ class Prefills:
 
     steps: list[tuple[int, int, int]] = field(default_factory=list)
     joined: dict[str, tuple[int, int]] = field(default_factory=dict)
+    together: list[int] = field(default_factory=list)  # rows of each join of several
 
 
 def watch_prefills(monkeypatch: pytest.MonkeyPatch) -> Prefills:
     from seatd import batch
+    from seatd.rows_cache import RowsCache
 
     seen = Prefills()
-    real, real_join = batch.Engine._prefill_group, batch.Engine._join
+    real, real_joined = batch.Engine._prefill_group, batch.Engine._joined
+    real_rows = RowsCache.join_rows
 
     def prefill(self: Engine, group: Any) -> None:
         before, rows = group.done, len(group.rows)
         real(self, group)
         seen.steps.append((rows, before, group.done - before))
 
-    def join(self: Engine, row: Any, cache: list[Any]) -> None:
-        seen.joined[row.rid] = (int(cache[0].offset), len(row.work.prompt) - 1)
-        real_join(self, row, cache)
+    def joined(self: Engine, row: Any) -> None:
+        lane = self.lanes[row.lane]  # the row's tokens in its lane's cache, as it joins
+        held = int(lane.cache.layout.valid[len(lane.rows)].sum())
+        seen.joined[row.rid] = (held, len(row.work.prompt) - 1)
+        real_joined(self, row)
+
+    def join_rows(self: RowsCache, rows: list[Any], lengths: Any) -> None:
+        seen.together.append(len(lengths))
+        real_rows(self, rows, lengths)
 
     monkeypatch.setattr(batch.Engine, "_prefill_group", prefill)
-    monkeypatch.setattr(batch.Engine, "_join", join)
+    monkeypatch.setattr(batch.Engine, "_joined", joined)
+    monkeypatch.setattr(RowsCache, "join_rows", join_rows)
     return seen
 
 
@@ -355,6 +365,9 @@ def test_a_cohort_of_near_lengths_prefills_past_the_shorter_prompts(
     assert len(seen.steps) == forwards, seen.steps
     assert seen.steps[0][0] == 3  # the three together
     assert all(got == own for got, own in seen.joined.values()), seen.joined  # no filler
+    assert len(seen.joined) == 3
+    # prompts in after one forward join in one call, as one segment; one by one else
+    assert seen.together == ([3] if forwards == 1 else [])
     for i, prompt in enumerate(prompts):
         got = told.result(str(i))
         assert got is not None

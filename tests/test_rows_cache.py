@@ -152,6 +152,55 @@ def test_joins_in_any_order_decode_as_if_alone(lane: tuple[Any, str],
         assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), (order, "after", b)
 
 
+def test_rows_prefilled_together_join_as_one_segment_and_decode_as_if_alone(
+        lane: tuple[Any, str], batch_of: Any) -> None:
+    """Rows prefilled in one forward, the shorter ones padded with filler past their
+    own prompts (as `seatd.prefill_rows.padded` feeds them), join in one call: their
+    buffer becomes one segment with a hole after each shorter row's tokens, beside a
+    row already decoding, and each row's logits are its own alone, before and after a
+    verify step and a compaction.  A model with recurrent layers, whose state cannot
+    carry filler, joins row by row."""
+    model, kv = lane
+    batch = batch_of(model, kv)
+    if not batch.joins_rows:
+        assert batch.recurrent_layers
+        return
+    _join(batch, model, kv, SHORT)
+    group = [PROMPTS[0], PROMPTS[2], PROMPTS[1]]  # 9, 6 and 3 tokens
+    width = max(len(p) for p in group) - 1
+    stacked = make_cache(model, kv)
+    model(mx.array([p[:-1] + [p[-2]] * (width - len(p) + 1) for p in group]), cache=stacked)
+    mx.eval([c.state for c in stacked])
+    segments = batch.segments
+    batch.join_rows(stacked, [len(p) - 1 for p in group])
+    assert batch.rows == 4 and batch.segments == segments + 1
+    assert batch.layout.valid.sum(axis=1).tolist() == [len(SHORT) - 1] + [
+        len(p) - 1 for p in group]
+    prompts = [SHORT, *group]
+    alone = [Alone(model, kv, p) for p in prompts]
+    assert batch.layout.pos.tolist() == [_position(a.cache) for a in alone]
+    ys = [p[-1] for p in prompts]
+    for _ in range(3):
+        logits = _step(batch, model, [[y] for y in ys])
+        for b, y in enumerate(ys):
+            assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), b
+        ys = [int(t) for t in mx.argmax(logits[:, 0], axis=-1).tolist()]
+    blocks = [[ys[0]], [ys[1], 7, 8], [ys[2], 9], [ys[3]]]
+    logits = _step(batch, model, blocks)
+    for b, block in enumerate(blocks):
+        assert logits_close(logits[b, : len(block)], alone[b].feed(block), kv), b
+    keeps = [1, 1, 2, 1]
+    batch.roll_back(keeps, 3)
+    for b, (block, keep) in enumerate(zip(blocks, keeps, strict=True)):
+        alone[b].trim(len(block) - keep)
+    batch.compact()
+    assert batch.holes() == 0
+    ys = [3, 4, 5, 6]
+    logits = _step(batch, model, [[y] for y in ys])
+    for b, y in enumerate(ys):
+        assert logits_close(logits[b, 0], alone[b].feed([y])[0], kv), ("compacted", b)
+
+
 def test_rolled_back_columns_are_invisible(lane: tuple[Any, str], batch_of: Any) -> None:
     """A rejected draft must not be seen by later steps: feeding garbage and rolling it
     back leaves the same logits as never feeding it."""
