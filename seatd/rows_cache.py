@@ -476,28 +476,12 @@ class RowsCache:
         `length` tokens; its next token is at position `length`.  Its buffers become a
         segment as they are; a row longer than the batch's columns moves the others'
         segments right (their first column, not their KV)."""
-        lay = self.layout
-        shift = max(0, length - lay.idx)
-        for s in lay.segs:
-            s.col += shift
-        idx = lay.idx + shift
         for mine, theirs in zip(self.layers, row, strict=True):
             if isinstance(mine, RowsKV):
                 mine.adopt(theirs)
             else:
-                _add_arrays_row(mine, theirs, lay.rows)
-        lay.segs.append(Seg(1, idx - length))
-        valid = np.zeros((1, idx), dtype=bool)
-        valid[0, idx - length :] = True
-        if lay.rows:
-            padded = np.concatenate([np.zeros((lay.rows, shift), dtype=bool), lay.valid],
-                                    axis=1)
-            lay.valid = np.concatenate([padded, valid])
-        else:
-            lay.valid = valid
-        lay.idx = idx
-        lay.pos = np.concatenate([lay.pos, np.array([length], dtype=np.int64)])
-        self._settled = False
+                _add_arrays_row(mine, theirs, self.layout.rows)
+        self._place([length])
 
     @property
     def joins_rows(self) -> bool:
@@ -515,16 +499,23 @@ class RowsCache:
         (on a GPU each an encoded kernel: 15 rows joining a 10-layer model's batch made
         their step 2,712 operations against a steady step's 1,431).  A shorter row's
         columns after its own are holes (invalid for it, as a rolled-back draft's)."""
+        width = max(lengths)
+        for mine, theirs in zip(self.layers, rows, strict=True):
+            if not isinstance(mine, RowsKV):
+                raise ValueError("rows join together only where every layer is KV")
+            mine.adopt_rows(theirs, width)
+        self._place(lengths)
+
+    def _place(self, lengths: Sequence[int]) -> None:
+        """The layout of a segment just adopted: rows holding `lengths` tokens each from
+        its first column, which is the longest's distance before the write column (a
+        longer row than the batch's columns moves the others' segments right)."""
         lay = self.layout
         width = max(lengths)
         shift = max(0, width - lay.idx)
         for s in lay.segs:
             s.col += shift
         idx = lay.idx + shift
-        for mine, theirs in zip(self.layers, rows, strict=True):
-            if not isinstance(mine, RowsKV):
-                raise ValueError("rows join together only where every layer is KV")
-            mine.adopt_rows(theirs, width)
         col = idx - width
         lay.segs.append(Seg(len(lengths), col))
         valid = np.zeros((len(lengths), idx), dtype=bool)

@@ -669,12 +669,8 @@ def test_a_row_the_worker_calls_complete_ends_as_stopped(pair: tuple[Any, Any, A
     assert b is not None and b.completion_tokens == 40
 
 
-def test_seeded_rows_sampling_by_temperature_alone_draw_together_and_keep_their_bytes(
-        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Rows whose sampling is temperature alone (seeded) and a greedy row, batched: their
-    plain steps draw in one operation (`Engine._sample_tempered`), and every answer is
-    the one its request gets alone."""
-    model, tok, _ = pair
+def count_draws(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of each draw the engine makes for a whole batch (`_sample_tempered`)."""
     together: list[int] = []
     real = Engine._sample_tempered
 
@@ -683,6 +679,16 @@ def test_seeded_rows_sampling_by_temperature_alone_draw_together_and_keep_their_
         return real(logits, rows)
 
     monkeypatch.setattr(Engine, "_sample_tempered", staticmethod(counted))
+    return together
+
+
+def test_seeded_rows_sampling_by_temperature_alone_draw_together_and_keep_their_bytes(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows whose sampling is temperature alone (seeded) and a greedy row, batched: their
+    plain steps draw in one operation (`Engine._sample_tempered`), and every answer is
+    the one its request gets alone."""
+    model, tok, _ = pair
+    together = count_draws(monkeypatch)
     params = {"a": SamplingParams(max_tokens=20, temperature=0.7, seed=11),
               "b": SamplingParams(max_tokens=20, temperature=1.2, seed=12),
               "c": SamplingParams(max_tokens=20, temperature=0)}
@@ -707,14 +713,7 @@ def test_unseeded_sampling_rows_draw_together(
     plain steps draw in one operation (on a GPU a row's own draw is launches of its
     own), and each answers in full."""
     model, tok, _ = pair
-    together: list[int] = []
-    real = Engine._sample_tempered
-
-    def counted(logits: Any, rows: Any) -> Any:
-        together.append(len(rows))
-        return real(logits, rows)
-
-    monkeypatch.setattr(Engine, "_sample_tempered", staticmethod(counted))
+    together = count_draws(monkeypatch)
     params = {"a": SamplingParams(max_tokens=20, temperature=0.7),
               "b": SamplingParams(max_tokens=20, temperature=1.2),
               "c": SamplingParams(max_tokens=20, temperature=0)}
