@@ -726,7 +726,8 @@ class Engine:
         lane = self.lanes[group.lane]
         if len(ready) > 1 and isinstance(lane.cache, RowsCache) and lane.cache.joins_rows \
                 and all(type(c) in KV_LAYERS for c in group.cache):
-            # together, as one segment: one gather a layer where some rows stay, else none
+            # together, as one segment: the ready rows gathered (keys and values of each layer)
+            # where some rows stay, else the buffer as it is
             rows = [group.rows[b] for b in ready]
             lane.cache.join_rows(prefill_rows.keep(group.cache, ready) if rest
                                  else group.cache, [len(r.work.prompt) - 1 for r in rows])
