@@ -724,8 +724,7 @@ class Engine:
             return
         rest = [b for b in range(len(group.rows)) if b not in ready]
         lane = self.lanes[group.lane]
-        if len(ready) > 1 and isinstance(lane.cache, RowsCache) and lane.cache.joins_rows \
-                and all(type(c) in KV_LAYERS for c in group.cache):
+        if len(ready) > 1 and isinstance(lane.cache, RowsCache) and lane.cache.joins_rows:
             # together, as one segment: the ready rows gathered (keys and values of each layer)
             # where some rows stay, else the buffer as it is
             rows = [group.rows[b] for b in ready]
