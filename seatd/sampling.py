@@ -23,8 +23,10 @@ reach it already shaped (`seatd.shaping`: grammar mask, penalties, bias).
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
@@ -73,13 +75,17 @@ def _mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def position_word(seed: int, position: int) -> int:
+    """The 64-bit seed of answer position `position`'s key (`position_key`)."""
+    return _mix64((_mix64(seed & MASK64) + (position + 1) * 0x9E3779B97F4A7C15) & MASK64)
+
+
 def position_key(seed: int, position: int) -> mx.array:
     """The PRNG key of answer position `position` of a request seeded `seed`.
 
     Counter-based: a pure function of the pair, computed directly for any position (no
     chain to advance).  Distinct positions of one seed get distinct keys."""
-    word = _mix64((_mix64(seed & MASK64) + (position + 1) * 0x9E3779B97F4A7C15) & MASK64)
-    return mx.random.key(word)
+    return mx.random.key(position_word(seed, position))
 
 
 class Chained:
@@ -148,6 +154,45 @@ class Keyed:
             return mx.argmax(logits, axis=-1)
         scores = filter_logits(logits, params) + self.noise(position, logits.shape[-1])
         return mx.argmax(scores, axis=-1)
+
+
+def _keys(words: Sequence[int]) -> mx.array:
+    """`mx.random.key` of each word, stacked (n, 2): its high and low 32 bits."""
+    return mx.array([[w >> 32, w & 0xFFFFFFFF] for w in words], dtype=mx.uint32)
+
+
+@functools.cache
+def _gumbel_rows(width: int) -> Callable[[mx.array], mx.array]:
+    """Gumbel noise of shape (width,) for each key of a stack of keys, in one call."""
+    return mx.vmap(lambda key: mx.random.gumbel(shape=(width,), key=key))
+
+
+def rows_draw_alike(width: int) -> bool:
+    """Whether this process's backend draws a stack of keys (`_gumbel_rows`) bit for bit
+    as it draws each key alone (`mx.random.gumbel`), at this width: asked once per width
+    and device.  Where it does not, each row draws alone."""
+    return _alike(width, str(mx.default_device()))
+
+
+@functools.cache
+def _alike(width: int, device: str) -> bool:
+    words = [position_word(seed, 0) for seed in (1, 2, 3)]
+    together = _gumbel_rows(width)(_keys(words))
+    alone = mx.stack([mx.random.gumbel(shape=(width,), key=mx.random.key(w)) for w in words])
+    return bool(mx.array_equal(together, alone).item())
+
+
+def keyed_noise(draws: Sequence[Keyed], positions: Sequence[int], width: int) -> mx.array:
+    """The noise of several keyed draws, each at its position, (n, width): row i is
+    `draws[i].noise(positions[i], width)`, bit for bit, drawn in one random call for
+    all rows where they are drawn at their own width and the backend draws a stack of
+    keys as it draws each alone (`rows_draw_alike`), else one call a row (or the noise
+    a draw already holds).  Nothing drawn together is kept: a batch's plain step is
+    the last to ask for its position's noise."""
+    if len(draws) > 1 and all(d.width == width for d in draws) and rows_draw_alike(width):
+        return _gumbel_rows(width)(_keys([position_word(d.seed, p)
+                                          for d, p in zip(draws, positions, strict=True)]))
+    return mx.stack([d.noise(p, width) for d, p in zip(draws, positions, strict=True)])
 
 
 Draws = Chained | Keyed

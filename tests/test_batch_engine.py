@@ -674,9 +674,9 @@ def count_draws(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     together: list[int] = []
     real = Engine._sample_tempered
 
-    def counted(logits: Any, rows: Any) -> Any:
+    def counted(logits: Any, rows: Any, *rest: Any) -> Any:
         together.append(len(rows))
-        return real(logits, rows)
+        return real(logits, rows, *rest)
 
     monkeypatch.setattr(Engine, "_sample_tempered", staticmethod(counted))
     return together

@@ -7,7 +7,16 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from seatd.sampling import Chained, Keyed, draws_for, filter_logits, position_key, sample
+from seatd.sampling import (
+    Chained,
+    Keyed,
+    draws_for,
+    filter_logits,
+    keyed_noise,
+    position_key,
+    rows_draw_alike,
+    sample,
+)
 from shared.protocol import SamplingParams
 
 LOGITS = mx.array([[4.0, 3.0, 2.0, 1.0, 0.0]])
@@ -226,3 +235,55 @@ def test_seeded_greedy_and_unseeded_rows_together_keep_the_seeded_and_greedy_tok
             assert got[b] == r.draws.token(logits[b : b + 1], r.params, r.issued).item()
         else:
             assert 0 <= got[b] < width
+
+
+def _gumbel_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The shapes of the `mx.random.gumbel` calls made from here on."""
+    calls: list[tuple[int, ...]] = []
+    real = mx.random.gumbel
+
+    def counted(*args: Any, **kwargs: Any) -> mx.array:
+        calls.append(tuple(kwargs.get("shape", args[0] if args else ())))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mx.random, "gumbel", counted)
+    return calls
+
+
+@pytest.mark.parametrize("width", [512, 8192])
+def test_seeded_rows_noise_is_drawn_in_one_call_bit_for_bit_each_rows_own(
+        width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keyed noise of a batch's seeded rows (`keyed_noise`): one random call for all
+    of them (on a GPU each row's own call is launches of its own), each row's values
+    bit for bit what its own `Keyed.noise` draws, at any seed and position."""
+    draws = [Keyed(seed, width) for seed in (0, 1, 7, 2**40, -3)]
+    positions = [0, 5, 17, 2, 300]
+    assert rows_draw_alike(width), "MLX on this backend draws a stack of keys as each alone"
+    calls = _gumbel_calls(monkeypatch)
+    together = keyed_noise(draws, positions, width)
+    assert len(calls) == 1
+    own = [Keyed(d.seed, width).noise(p) for d, p in zip(draws, positions, strict=True)]
+    for b, row in enumerate(own):
+        assert mx.array_equal(together[b], row).item(), b
+    assert not mx.array_equal(together[0], together[1]).item()
+
+
+def test_seeded_rows_draw_one_by_one_where_the_backend_draws_a_stack_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a backend's stack of keys draws other values than each key alone (its
+    check says so), or the rows' noise is asked at another width than theirs, each
+    row draws alone: the same values either way."""
+    import seatd.sampling as sampling
+
+    width = 256
+    draws = [Keyed(seed, width) for seed in (3, 4, 5)]
+    positions = [1, 1, 9]
+    want = mx.stack([Keyed(d.seed, width).noise(p) for d, p in zip(draws, positions,
+                                                                 strict=True)])
+    monkeypatch.setattr(sampling, "rows_draw_alike", lambda width: False)
+    calls = _gumbel_calls(monkeypatch)
+    assert mx.array_equal(keyed_noise(draws, positions, width), want).item()
+    assert len(calls) == 3
+    wider = keyed_noise([Keyed(d.seed, width) for d in draws], positions, width + 3)
+    assert mx.array_equal(wider[:, :width], want).item()
+    assert mx.all(mx.isinf(wider[:, width:])).item()
