@@ -147,17 +147,35 @@ def test_spec_results_are_named_by_model_and_depth(model: str, depth: int | None
     assert spec_stem(Options(model=model, draft_depth=depth)) == stem
 
 
-@pytest.mark.parametrize(("model", "temperature", "stem"), [
-    ("builtin:demo", 0.0, "batching"),
-    ("builtin:demo", 0.7, "batching-t0.7"),
-    ("shape:8b", 0.0, "batching-shape-8b"),
-    ("shape:8b", 0.7, "batching-shape-8b-t0.7"),
+@pytest.mark.parametrize(("model", "temperature", "unseeded", "stem"), [
+    ("builtin:demo", 0.0, False, "batching"),
+    ("builtin:demo", 0.7, False, "batching-t0.7"),
+    ("builtin:demo", 0.7, True, "batching-t0.7-unseeded"),
+    ("builtin:demo", 0.0, True, "batching"),  # nothing is seeded at temperature 0
+    ("shape:8b", 0.0, False, "batching-shape-8b"),
+    ("shape:8b", 0.7, False, "batching-shape-8b-t0.7"),
 ])
 def test_batching_results_are_named_by_model_and_temperature(
-        model: str, temperature: float, stem: str) -> None:
+        model: str, temperature: float, unseeded: bool, stem: str) -> None:
     from sanctum.bench.batching import stem as batching_stem
 
-    assert batching_stem(Options(model=model, temperature=temperature)) == stem
+    assert batching_stem(Options(model=model, temperature=temperature,
+                                 unseeded=unseeded)) == stem
+
+
+def test_the_command_line_asks_for_unseeded_requests() -> None:
+    """`sanctum bench run batching --unseeded`: our seats' requests go without a seed
+    (off by default, where they are seeded above temperature 0)."""
+    import argparse
+
+    from sanctum.bench.cli import add_bench
+
+    parser = argparse.ArgumentParser()
+    add_bench(parser.add_subparsers())
+    asked = parser.parse_args(["bench", "run", "batching", "--temperature", "0.7",
+                               "--unseeded"])
+    assert asked.unseeded is True and asked.temperature == 0.7
+    assert parser.parse_args(["bench", "run", "batching"]).unseeded is False
 
 
 def test_a_spec_run_with_another_drafter_is_named_by_it() -> None:

@@ -2,7 +2,8 @@
 interleaved, same weights, same prompts (continuous batching in the seat).
 
     sanctum bench run batching [--clients 1,2,4,8,16] [--rounds N] [--tokens N]
-                               [--temperature T] [--arms A,B] [--workloads c=N,...]
+                               [--temperature T [--unseeded]] [--arms A,B]
+                               [--workloads c=N,...]
 
 `--arms`: which of mlx_lm.server, mlx_lm.server draft and bound run beside our two
 seats (default all: every arm's server is up at once, and a large model's five may not
@@ -26,7 +27,9 @@ Workloads (groups of the schedule): `c=N` for each concurrency level, and PREFIL
 ~1,500-token prompt arriving among 7 decoding rows (sanctum.bench.concurrent says what
 each measures).  At temperature 0 no request carries a seed; above 0 our seats get
 seeded requests (a seat that batches still honours seeds) and mlx_lm.server unseeded
-ones (a seed turns its batching off); such a run is stored as batching-tT.
+ones (a seed turns its batching off); such a run is stored as batching-tT.  With
+`--unseeded` our seats' requests carry no seed either, as chat clients send them (they
+sample by a key chain, not the keyed rule): stored as batching-tT-unseeded.
 """
 
 from __future__ import annotations
@@ -76,7 +79,8 @@ BOUND_LEVELS = (8, 16)
 
 def stem(opts: Options) -> str:
     """batching, or batching-MODEL / batching-tT / batching-MODEL-tT for a run off the
-    default model or temperature.  Pure."""
+    default model or temperature; -unseeded after the temperature where our seats'
+    requests carry no seed.  Pure."""
     from sanctum.bench.drafter_kinds import stem_part
 
     parts = ["batching"]
@@ -84,6 +88,8 @@ def stem(opts: Options) -> str:
         parts.append(stem_part(opts.model))
     if opts.temperature != 0:
         parts.append(f"t{opts.temperature:g}")
+        if opts.unseeded:
+            parts.append("unseeded")
     return "-".join(parts)
 
 
@@ -152,6 +158,7 @@ def batching(opts: Options) -> Run:
     rows = [by_name[n] for n in ROW_PROMPTS if n in by_name]
     long = long_prompt(files, count, min(LONG_PROMPT_TOKENS, cap - 64))
     t = opts.temperature
+    seeded = not opts.unseeded  # our seats' requests above temperature 0
     drafter_spec = _seat_model(opts.drafter, drafter)
     drafter_line = f'drafter = {{ kind = "model", path = "{drafter_spec}" }}\n'
     model = _seat_model(opts.model, path)
@@ -186,9 +193,9 @@ def batching(opts: Options) -> Run:
             OURS: (f"openai-compatible HTTP -> proxyd -> a seat on {opts.model} as "
                    f"configured by default (drafter {opts.drafter}, speculation on, "
                    "adaptive depth)",
-                   arm(url, "bench", True, seat="bench")),
+                   arm(url, "bench", seeded, seat="bench")),
             PLAIN: ("the same seat with speculation = false",
-                    arm(url, "plain", True, seat="plain")),
+                    arm(url, "plain", seeded, seat="plain")),
             MLX: ("mlx_lm.server, batching on (no draft model, unseeded requests)",
                   arm(murl, str(served), False)),
             MLX_DRAFT: (f"mlx_lm.server --draft-model (the demo drafter), "
@@ -208,6 +215,8 @@ def batching(opts: Options) -> Run:
         samples = run_schedule(slots, {n: m for n, (_, m) in arms.items()}, run_id=run_id,
                                progress=_progress if opts.verbose else None)
     seeds = ("no request carries a seed" if t == 0 else
+             "no request carries a seed (--unseeded: as chat clients send them)"
+             if not seeded else
              "our seats' requests are seeded (1 + k), mlx_lm.server's unseeded (a seed "
              "turns its batching off)")
     workloads = {f"c={c}": f"{c} streaming client{'s' if c > 1 else ''} started together, "

@@ -42,7 +42,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     levels = tuple(int(c) for c in args.clients.split(",") if c) if args.clients else ()
     opts = Options(model=args.model, drafter=args.drafter, rounds=args.rounds or d.rounds,
                    warmup=args.warmup, tokens=args.tokens or d.tokens, seed=args.seed,
-                   temperature=args.temperature, requests=args.requests,
+                   temperature=args.temperature, unseeded=args.unseeded,
+                   requests=args.requests,
                    clients=levels[-1] if levels else d.clients, seconds=args.seconds,
                    hop_clients=levels[-1] if levels else d.hop_clients,
                    flip_tokens=args.flip_tokens,
@@ -142,6 +143,9 @@ def add_bench(sub: Any) -> None:
                      f"{d.batch_tokens})")
     run.add_argument("--seed", type=int, default=d.seed, help="decides which arm starts")
     run.add_argument("--temperature", type=float, default=d.temperature)
+    run.add_argument("--unseeded", action="store_true",
+                     help="batching above temperature 0: our seats' requests carry no seed "
+                     "(as chat clients send them), where they are seeded by default")
     run.add_argument("--workloads", default="",
                      help="comma-separated workload names to run (default: each comparison's)")
     run.add_argument("--arms", default="",

@@ -42,6 +42,9 @@ class Options:
     tokens: int = 64
     seed: int = 0
     temperature: float = 0.0
+    # batching above temperature 0: our seats' requests unseeded, as chat clients send them
+    # (a seeded request samples by the keyed rule; an unseeded one by a key chain)
+    unseeded: bool = False
     # speculation: the seat's fixed draft depth (None: the seat's adaptive depth), also
     # mlx-lm's num_draft_tokens
     draft_depth: int | None = 4
