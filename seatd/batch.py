@@ -8,7 +8,9 @@ Runs on the worker's MLX thread, one step at a time:
               stacked (`seatd.prefill_rows`): a chunk of each prompt (on the
               `PREFILL_CHUNK` grid, whole chunks for a row alone), between the others'
               steps, within a measured time per step; or a prompt joining rows that
-              decode rides their step (`_board`);
+              decode rides their step (`_board`).  A chat's prefill ends at its
+              answer's header, whose few tokens its lane's steps feed it one a step
+              (`seatd.prefill_rows.join_point`): a cohort's rows join together;
     decode    one forward over every decoding row of a lane: plain (one token per row,
               the next step scheduled before this one's tokens are read) or a verify
               step (rows that draft feed their block, the others one token, padded);
@@ -108,6 +110,7 @@ from seatd.prefill_rows import (
     KV_LAYERS,
     PrefillCost,
     RideCost,
+    join_point,
     padded,
     stack,
     stackable,
@@ -205,6 +208,10 @@ class Row:
     lp_sent: int = 0  # lps[:lp_sent] went out with their ids
     began: int = 0  # `Engine.decoded` as it began decoding (`batch_policy.paced`)
     beside: bool = False  # some forward of it held another request's rows (or prompt)
+    # Where its prefill ends and it joins its lane (`prefill_rows.join_point`), and the
+    # prompt tokens its lane's steps feed it after `feed`, their outputs dropped.
+    join_at: int = 0
+    prompt_left: list[int] = field(default_factory=list)
 
     @property
     def grammar(self) -> Matcher | None:
@@ -507,6 +514,10 @@ class Engine:
             cache, done = resume.cache, resume.start
         else:
             cache, done = make_cache(self.model, work.kv), 0
+        row.join_at = join_point(n_prompt, resume.cuts if resume is not None else (),
+                                 PREFILL_CHUNK)
+        if row.join_at < done:  # a resumed prefix past it: never, by `join_point`'s rule
+            row.join_at = n_prompt - 1
         if budget <= len(prefix) or row.answer.done:
             self._finish(row, None)
             return
@@ -672,11 +683,11 @@ class Engine:
                   self._row_tokens(group) if budget is None else budget]
         ends = []
         for row in group.rows:
-            ends.append(len(row.work.prompt) - 1 - done)
+            ends.append(row.join_at - done)
             resume = row.work.resume
-            if resume is not None:
-                limits.extend(c - done for c in resume.cuts if c > done)
-                if resume.keep is not None and resume.keep_at > done:
+            if resume is not None:  # its join point is its end: a padded forward passes it
+                limits.extend(c - done for c in resume.cuts if done < c != row.join_at)
+                if resume.keep is not None and done < resume.keep_at != row.join_at:
                     limits.append(resume.keep_at - done)
         if not group.alone:
             limits.extend(g.done - done for g in self.groups
@@ -712,14 +723,17 @@ class Engine:
             resume = row.work.resume
             if resume is not None and resume.keep is not None and group.done == resume.keep_at:
                 resume.keep(take(group.cache, b) if len(group.rows) > 1 else group.cache)
+            elif resume is not None and resume.keep is not None \
+                    and resume.keep_at == row.join_at < group.done:
+                # kept at its join point, which a padded forward went past
+                resume.keep(take(group.cache, b, row.join_at))
             # Nobody waits on it: the drafter takes whole chunks, as a request alone's.
             if self._drafter_due(row):
                 self._drafter_prefill(row, max(n, PREFILL_FLOOR) if decoding else PREFILL_CHUNK)
         if n > 0 and started is not None:
             self.prefill_cost.observe(n * len(group.rows), group.done - n / 2,
                                       time.perf_counter() - started)
-        ready = [b for b, r in enumerate(group.rows)
-                 if group.done >= len(r.work.prompt) - 1]
+        ready = [b for b, r in enumerate(group.rows) if group.done >= r.join_at]
         if not ready:
             return
         rest = [b for b in range(len(group.rows)) if b not in ready]
@@ -729,7 +743,7 @@ class Engine:
             # where some rows stay, else the buffer as it is
             rows = [group.rows[b] for b in ready]
             lane.cache.join_rows(prefill_rows.keep(group.cache, ready) if rest
-                                 else group.cache, [len(r.work.prompt) - 1 for r in rows])
+                                 else group.cache, [r.join_at for r in rows])
             for row in rows:
                 self.joining.remove(row)
                 self._joined(row)
@@ -737,7 +751,7 @@ class Engine:
             for b in ready:
                 row = group.rows[b]
                 self.joining.remove(row)
-                own = len(row.work.prompt) - 1  # past it: filler (`_prefill_group`)
+                own = row.join_at  # past it: filler (`_prefill_group`)
                 self._join(row, take(group.cache, b, own) if len(group.rows) > 1
                            or group.done > own else group.cache)
         group.cache = prefill_rows.keep(group.cache, rest) if rest else []
@@ -810,14 +824,16 @@ class Engine:
             return True
 
     def _join(self, row: Row, cache: list[Any]) -> None:
-        self.lanes[row.lane].cache.join(cache, len(row.work.prompt) - 1)
+        self.lanes[row.lane].cache.join(cache, row.join_at)
         self._joined(row)
 
     def _joined(self, row: Row) -> None:
-        """A row whose prompt is in its lane's cache decodes from the next step."""
+        """A row whose prompt is in its lane's cache up to its join point decodes from the
+        next step: fed the rest of its prompt first, a token a step (`prompt_left`)."""
         work = row.work
         lane = self.lanes[row.lane]
-        row.feed = mx.array([work.prompt[-1]], dtype=mx.uint32)
+        row.feed = mx.array([work.prompt[row.join_at]], dtype=mx.uint32)
+        row.prompt_left = list(work.prompt[row.join_at + 1 :])
         row.unread = False
         row.began = self.decoded
         lane.rows.append(row)
@@ -869,7 +885,9 @@ class Engine:
                 r.beside = True
         if speculates(B, self.compiles):  # rows that cannot verify draft nothing together
             self._draft_rows(lane)
-        plan = self._plan(lane)
+        # A row still fed its prompt (`Row.prompt_left`) takes plain steps, and so its lane's.
+        plan = self._plan(lane) if not any(r.prompt_left for r in lane.rows) \
+            else StepPlan((0,) * B)
         spec = lane.rows[0].work.spec if B == 1 else None
         costs = spec.costs if spec is not None else None
         split = costs is not None and plan.depths[0] > 0 and costs.due()
@@ -1219,6 +1237,8 @@ class Engine:
         new_lps: list[tuple[mx.array, ...] | None] = []
         for b, r in enumerate(rows):
             new_lps.append(None)
+            if r.prompt_left:  # its output is a prompt token's: dropped
+                continue
             if r.top is not None:
                 new_lps[b] = logprob_arrays(logits[b : b + 1], new[b : b + 1], r.top)
                 pending.extend(new_lps[b])  # type: ignore[arg-type]
@@ -1229,6 +1249,9 @@ class Engine:
         # The next step is on its way; now the host reads this step's inputs.
         self._read(rows, [b for b, r in enumerate(rows) if r.unread], feeds)
         for b, r in enumerate(rows):
+            if r.prompt_left:  # the next prompt token, not an answer's
+                r.feed, r.fed = mx.array([r.prompt_left.pop(0)], dtype=mx.uint32), None
+                continue
             r.feed, r.feed_lp = new[b : b + 1], new_lps[b]
             r.fed = Fed(new, b, r.feed)
             r.unread = True

@@ -8,6 +8,8 @@ at one offset, one forward for all of them, and split again as each row's prompt
     keep(cache, indices)   the stacked cache of those rows only
     padded(ends, limit, fit, context)  how far one forward takes a group whose rows'
                            prompts end at different points (the shorter ones padded)
+    join_point(prompt_len, cuts, chunk)   where a row's prefill ends (its last turn cut,
+                           where only its answer's header follows)
     unpaced_tokens(fit, rows, context, chunk, floor)   prompt tokens a row for a step
                            nobody keeps a pace for
 
@@ -167,6 +169,32 @@ def padded(ends: Sequence[int], limit: int, fit: tuple[float, float, float] | No
         if g > gain:
             best, gain = m, g
     return best
+
+
+# A chat prompt ends with its answer's header (`<|im_start|>assistant\n`: three tokens
+# with ChatML, four with Llama 3's), its last turn cut at the header's first token: at
+# most this many tokens from the cut to the prompt's end.
+TAIL_TOKENS = 4
+
+
+def join_point(prompt_len: int, cuts: Sequence[int], chunk: int) -> int:
+    """Where a row's prefill ends and it joins its lane: its last turn cut (`seatd.turns`)
+    where at most TAIL_TOKENS prompt tokens run from it to the end and no chunk-grid
+    boundary lies past it, else its last prompt token, which its first decode step
+    feeds.  From there its lane's steps feed it the rest of its prompt a token a step,
+    their outputs dropped until the last prompt token's.  A cohort of chats cut at every
+    message start then ends its prefill at each row's last cut, which the group's padded
+    forward takes in one (`padded`), where each row's few tokens past it took a forward
+    of their own (on an H100, 16 chats prefilled in 34-37 forwards: 247-517 ms to all
+    decoding against 25-99 ms for the same prompts uncut).  A rule of the prompt alone,
+    warm or cold: every chunk boundary of the prompt is at or before the point (a
+    resumed prefix ends at one), and the tokens after it take the same steps either
+    way.  Pure."""
+    end = prompt_len - 1
+    last = max((c for c in cuts if 0 < c <= end), default=0)
+    if last == 0 or last == end or end - last >= TAIL_TOKENS or end // chunk * chunk > last:
+        return end
+    return last
 
 
 # A prefill step nobody keeps a pace for (a cohort's, `seatd.batch_policy.paced`) takes

@@ -322,7 +322,7 @@ def watch_prefills(monkeypatch: pytest.MonkeyPatch) -> Prefills:
     def joined(self: Engine, row: Any) -> None:
         lane = self.lanes[row.lane]  # the row's tokens in its lane's cache, as it joins
         held = int(lane.cache.layout.valid[len(lane.rows)].sum())
-        seen.joined[row.rid] = (held, len(row.work.prompt) - 1)
+        seen.joined[row.rid] = (held, row.join_at)
         real_joined(self, row)
 
     def join_rows(self: RowsCache, rows: list[Any], lengths: Any) -> None:
@@ -406,6 +406,62 @@ def test_a_padded_prefill_stops_at_a_rows_keep_point_and_cuts(
         assert got is not None
         want = decode(model, tok, prompt, params, kv="fp16", context_length=4096)
         assert got.token_ids == want.token_ids, i
+
+
+def test_a_cohort_of_chats_joins_at_their_last_cuts_and_is_fed_the_rest(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chats arriving together, each cut at its system message's end and at its answer's
+    header three tokens before its end (`seatd.turns`): their prefill ends at each one's
+    last cut (`prefill_rows.join_point`), so the group takes the system message, then
+    one padded forward to the furthest cut, where a forward a distinct cut and end took
+    before; the keep at the last cut holds exactly the prompt up to it; the rows join
+    together and their steps feed them the header a token a step.  Every answer is its
+    request's own: greedy ones as decoded alone without cuts, seeded ones as the same
+    engine gives each alone."""
+    from seatd import batch
+
+    model, tok, _ = pair
+    text = open(batch.__file__).read()
+    system = tok.encode(text[100:160])[:10]
+    header = tok.encode(text[7000:7040])[:3]
+    prompts = [system + tok.encode(text[3000 + 400 * i : 3000 + 400 * i + 90 + 25 * i])
+               + header for i in range(4)]
+    params = [SamplingParams(max_tokens=12, temperature=0),
+              SamplingParams(max_tokens=12, temperature=0.8, seed=3),
+              SamplingParams(max_tokens=12, temperature=0),
+              SamplingParams(max_tokens=12, temperature=0.8, seed=4)]
+
+    def run(rows: list[int]) -> tuple[Transcript, list[int], Prefills]:
+        kept: list[int] = []
+        resumes = {str(i): Resume(keep_at=len(prompts[i]) - 4, cuts=(10, len(prompts[i]) - 4),
+                                  keep=lambda cache: kept.append(int(cache[0].offset)))
+                   for i in rows}
+        engine = Engine(model, tok, 4096, output_width(model), 8, KVBudget(1 << 30),
+                        Given(resumes))
+        monkeypatch.setattr(engine.prefill_cost, "fit", lambda: (0.05, 1e-7, 0.0))
+        for i in rows:
+            engine.submit(Work(Generate(str(i), False, params[i], prompt="-"), prompts[i],
+                               "fp16"))
+        return drive(engine, len(rows)), kept, seen
+
+    seen = watch_prefills(monkeypatch)
+    told, kept, _ = run([0, 1, 2, 3])
+    cuts = [len(p) - 4 for p in prompts]
+    assert [(rows, at, n) for rows, at, n in seen.steps] == [(4, 0, 10), (4, 10, max(cuts) - 10)]
+    assert sorted(kept) == sorted(cuts)
+    assert seen.together == [4]
+    assert {rid: got for rid, (got, _) in seen.joined.items()} == {
+        str(i): c for i, c in enumerate(cuts)}
+    for i, prompt in enumerate(prompts):
+        got = told.result(str(i))
+        assert got is not None and told.error(str(i)) is None
+        assert got.completion_tokens == 12 or got.finish_reason == "stop"
+        if params[i].temperature == 0:
+            want = decode(model, tok, prompt, params[i], kv="fp16", context_length=4096)
+            assert got.token_ids == want.token_ids, i
+        else:
+            alone = run([i])[0].result(str(i))
+            assert alone is not None and got.token_ids == alone.token_ids, i
 
 
 def test_a_cohort_prefills_in_whole_chunks_a_latecomer_keeps_pace(

@@ -218,3 +218,21 @@ def test_an_unpaced_step_amortises_its_fixed_part(
     got = unpaced_tokens(fit, rows, context, 512, 8)
     assert got == want
     assert max(8, 512 // rows) <= got <= 512
+
+
+@pytest.mark.parametrize(("prompt_len", "cuts", "point"), [
+    (120, (10, 117), 117),  # a chat: its answer's header (3 tokens) after the last cut
+    (120, (10, 116), 116),  # four tokens after it (Llama 3's header)
+    (120, (10, 115), 119),  # five: prefilled to its end, as every prompt was
+    (120, (), 119),  # no turn: a completion prompt
+    (120, (10,), 119),  # its last cut far from its end
+    (120, (10, 119), 119),  # a cut at its last token
+    (515, (10, 511), 514),  # a chunk-grid boundary (512) past its last cut
+    (514, (10, 512), 512),  # the last cut on the grid itself
+    (120, (10, 117, 130), 117),  # a cut past the prompt counts for nothing
+])
+def test_a_row_joins_at_its_last_cut_where_only_its_answers_header_follows(
+        prompt_len: int, cuts: tuple[int, ...], point: int) -> None:
+    from seatd.prefill_rows import join_point
+
+    assert join_point(prompt_len, cuts, 512) == point
