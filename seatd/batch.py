@@ -1182,13 +1182,13 @@ class Engine:
         unseeded rows drawing row by row, 4.98 ms drawing together, 4.64 ms at
         temperature 0, and 7.46 ms seeded with each row's noise drawn by its own
         `mx.random.gumbel`; seeded rows' noise is now one draw for them all
-        (`_keyed_noise`).  A seeded row draws
-        by the keyed rule: its scores are its logits over its temperature plus its
-        position's noise, the same operations on the same values as its own draw
-        (`seatd.sampling.Keyed.token`), so each token is the one its row's own draw
-        makes.  The unseeded rows' noise is one block of Gumbel draws for all of them,
-        keyed by the first one's chain (`seatd.sampling.Chained`): argmax of scores
-        plus Gumbel noise is a draw from the softmax of the scores, as
+        (`_keyed_noise`).  A seeded row draws by the keyed rule: its scores are its
+        logits over its temperature plus its position's noise, the same operations on
+        the same values as its own draw (`seatd.sampling.Keyed.token`), so each token is
+        the one its row's own draw makes.  The unseeded rows' noise is one block of
+        Gumbel draws for all of them, keyed by the first one's chain
+        (`seatd.sampling.Chained`): argmax of scores plus Gumbel noise is a draw from the
+        softmax of the scores, as
         `mx.random.categorical` makes it, each row's independent of the others'.  A
         greedy row's scores are its logits.  `keyed`: the seeded rows' noise (None: drawn
         here)."""
@@ -1646,13 +1646,12 @@ def _keyed_noise(logits: mx.array, rows: Sequence[Row]) -> SeededNoise:
     """The noise of the rows that sample by the keyed rule, each at its position, drawn
     together (`seatd.sampling.keyed_noise`): one random call where each row's own draw
     made one a row, each row's values bit for bit its own draw's."""
-    seeded = [b for b, r in enumerate(rows)
-              if r.params.temperature > 0 and isinstance(r.draws, Keyed)]
+    seeded = {b: r.draws for b, r in enumerate(rows)
+              if r.params.temperature > 0 and isinstance(r.draws, Keyed)}
     if not seeded:
         return SeededNoise({}, None)
-    draws = [rows[b].draws for b in seeded]
-    noise = keyed_noise([d for d in draws if isinstance(d, Keyed)],
-                        [rows[b].issued for b in seeded], logits.shape[-1])
+    noise = keyed_noise(list(seeded.values()), [rows[b].issued for b in seeded],
+                        logits.shape[-1])
     return SeededNoise({b: j for j, b in enumerate(seeded)}, noise)
 
 

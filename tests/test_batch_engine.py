@@ -431,7 +431,7 @@ def test_a_cohort_of_chats_joins_at_their_last_cuts_and_is_fed_the_rest(
               SamplingParams(max_tokens=12, temperature=0),
               SamplingParams(max_tokens=12, temperature=0.8, seed=4)]
 
-    def run(rows: list[int]) -> tuple[Transcript, list[int], Prefills]:
+    def run(rows: list[int]) -> tuple[Transcript, list[int]]:
         kept: list[int] = []
         resumes = {str(i): Resume(keep_at=len(prompts[i]) - 4, cuts=(10, len(prompts[i]) - 4),
                                   keep=lambda cache: kept.append(int(cache[0].offset)))
@@ -442,10 +442,10 @@ def test_a_cohort_of_chats_joins_at_their_last_cuts_and_is_fed_the_rest(
         for i in rows:
             engine.submit(Work(Generate(str(i), False, params[i], prompt="-"), prompts[i],
                                "fp16"))
-        return drive(engine, len(rows)), kept, seen
+        return drive(engine, len(rows)), kept
 
     seen = watch_prefills(monkeypatch)
-    told, kept, _ = run([0, 1, 2, 3])
+    told, kept = run([0, 1, 2, 3])
     cuts = [len(p) - 4 for p in prompts]
     assert [(rows, at, n) for rows, at, n in seen.steps] == [(4, 0, 10), (4, 10, max(cuts) - 10)]
     assert sorted(kept) == sorted(cuts)
