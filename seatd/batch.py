@@ -137,6 +137,11 @@ PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
 # (`seatd.batch_policy.speculates`).  Metal was not measured here (no Apple GPU on
 # hand): its batches speculate by their measured step costs, as the CPU's do.
 COMPILING = ("cuda",)
+# Where the engine's time goes, each part counted apart (`Engine.drain`): prefill
+# forwards of joining rows, model drafters taking their prompts, plain and verify decode
+# steps (each whole but for a drafter's prompt taken in it), and the rest of its steps
+# (admission, cancels, riding prompts' bookkeeping, the outbox).
+PARTS = ("prefill", "drafter_prefill", "plain", "verify", "other")
 
 
 @contextmanager
@@ -271,6 +276,20 @@ class Aboard:
     host: float | None = None
 
 
+@dataclass(frozen=True)
+class Drained:
+    """What an engine counted between two drains (`Engine.drain`): decode steps at each
+    batch size and their time in microseconds (each step whole: its plan, forward and
+    bookkeeping; a prompt's prefill forward between steps is not theirs); and calls of
+    each of PARTS and their time in microseconds (together, every working step's whole
+    time)."""
+
+    steps: dict[int, int]
+    step_us: dict[int, int]
+    part_calls: dict[str, int]
+    part_us: dict[str, int]
+
+
 class Engine:
     def __init__(self, model: Any, tokenizer: Any, context_length: int, width: int,
                  max_batch: int, budget: KVBudget, admission: Admission | None = None,
@@ -300,6 +319,10 @@ class Engine:
         self.stopped = False
         self.batch_sizes: dict[int, int] = {}  # steps seen at each batch size
         self.batch_us: dict[int, int] = {}  # ... and their time, in microseconds
+        self.part_calls: dict[str, int] = {}  # calls of each of PARTS since the last drain
+        self.part_us: dict[str, int] = {}  # ... and their time, in microseconds
+        self._parted = 0.0  # seconds counted into parts, ever (a step's `other` is the rest)
+        self._drafting = 0.0  # seconds drafters took their prompts, ever (not their step's)
         self.kv_bytes = 0  # the batch's KV now, refreshed after every step
         self.prefill_cost = PrefillCost()
         # Riding (`_board`): the group offered to its lane's next step, the prompt that
@@ -334,14 +357,19 @@ class Engine:
             rows.extend(r.rid for r in lane.rows)
         return rows
 
-    def drain_steps(self) -> tuple[dict[int, int], dict[int, int]]:
-        """Steps decoded at each batch size since the last drain, and their time in
-        microseconds (each step whole: its plan, forward and bookkeeping; a prompt's
-        prefill forward between steps is not theirs)."""
+    def drain(self) -> Drained:
+        """What the engine counted since the last drain, taken at one moment."""
         with self.lock:
-            out, self.batch_sizes = self.batch_sizes, {}
-            us, self.batch_us = self.batch_us, {}
-        return out, us
+            out = Drained(self.batch_sizes, self.batch_us, self.part_calls, self.part_us)
+            self.batch_sizes, self.batch_us, self.part_calls, self.part_us = {}, {}, {}, {}
+        return out
+
+    def _part(self, part: str, seconds: float) -> None:
+        """`seconds` of the engine's working time into `part` (of PARTS); the caller
+        holds `lock`."""
+        self._parted += seconds
+        self.part_calls[part] = self.part_calls.get(part, 0) + 1
+        self.part_us[part] = self.part_us.get(part, 0) + round(1e6 * max(0.0, seconds))
 
     # -- the MLX thread ---------------------------------------------------------
 
@@ -379,6 +407,14 @@ class Engine:
 
     def step(self) -> bool:
         """One engine step; False when there was nothing to do."""
+        began, parted = time.perf_counter(), self._parted
+        worked = self._step()
+        if worked:  # what its parts did not count
+            with self.lock:
+                self._part("other", time.perf_counter() - began - (self._parted - parted))
+        return worked
+
+    def _step(self) -> bool:
         self._admit()
         self._cancels()
         worked = False
@@ -650,6 +686,15 @@ class Engine:
         self.groups = merged
 
     def _prefill(self) -> None:
+        began, drafting = time.perf_counter(), self._drafting
+        try:
+            self._prefill_one()
+        finally:
+            with self.lock:
+                self._part("prefill",
+                           time.perf_counter() - began - (self._drafting - drafting))
+
+    def _prefill_one(self) -> None:
         for lane in self.lanes.values():  # a forward of its own: their next plain steps
             lane.last = None  # wait on it, not on their forerunners (`_measured`)
         self._merge()
@@ -807,6 +852,7 @@ class Engine:
                 or spec.drafter is None:
             return True
         advance = getattr(spec.drafter, "advance", None)
+        began = time.perf_counter()
         try:
             if advance is None:
                 spec.drafter.start(row.work.prompt)
@@ -822,6 +868,11 @@ class Engine:
             row.draft.speculating = False
             row.report.state = "declined:drafter_error"
             return True
+        finally:  # its own part, not the prefill's or the step's it was taken in
+            seconds = time.perf_counter() - began
+            self._drafting += seconds
+            with self.lock:
+                self._part("drafter_prefill", seconds)
 
     def _join(self, row: Row, cache: list[Any]) -> None:
         self.lanes[row.lane].cache.join(cache, row.join_at)
@@ -879,7 +930,7 @@ class Engine:
         or a plain one), then take what it measured into the seat's figures
         (`_measured`)."""
         B = len(lane.rows)
-        begun = time.perf_counter()
+        begun, drafting = time.perf_counter(), self._drafting
         if B > 1:
             for r in lane.rows:
                 r.beside = True
@@ -909,10 +960,13 @@ class Engine:
         else:
             self._measured(lane, B, plan, parts, time.perf_counter() - started)
             self._leave(lane)
-        took = round(1e6 * (time.perf_counter() - begun))
-        with self.lock:  # the step and its time, counted together
+        elapsed = time.perf_counter() - begun
+        took = round(1e6 * elapsed)
+        with self.lock:  # the step, its time and its part, counted together
             self.batch_sizes[B] = self.batch_sizes.get(B, 0) + 1
             self.batch_us[B] = self.batch_us.get(B, 0) + took
+            self._part("verify" if plan.verify else "plain",
+                       elapsed - (self._drafting - drafting))
 
     def _plan(self, lane: Lane) -> StepPlan:
         """The lane's next step (`seatd.batch_policy.decide_step`); a row whose wish to

@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from shared.caps import summarise
 from shared.private_files import write_private
+
+if TYPE_CHECKING:  # the engine's module needs MLX; its counts are plain dicts
+    from seatd.batch import Drained
 
 log = structlog.get_logger()
 
@@ -43,7 +46,7 @@ PLAIN = (
 # (shared/protocol.py BAD_FRAME_REASONS)
 # spec_*_by_drafter: the speculation totals split by who drafted ("model", "lookup")
 LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens", "batch_steps",
-            "batch_step_us",
+            "batch_step_us", "engine_calls", "engine_us",
             "bad_frames_by_reason", "spec_drafts_by_drafter", "spec_draft_tokens_by_drafter",
             "spec_accepted_by_drafter")
 # Prompt lengths of refused (413) prompts kept for the median; the count is exact.
@@ -134,16 +137,17 @@ class SeatCounters:
             self.inc("prompt_cache_discarded_tokens", tokens, label=reason)
         self.gauges.update(prompt_cache_entries=entries, prompt_cache_bytes=nbytes)
 
-    def batch(self, drained: tuple[dict[int, int], dict[int, int]], rows: int, queued: int,
-              kv_bytes: int) -> None:
-        """Decode steps by batch size (`batch_steps{size}`) and their time in
-        microseconds (`batch_step_us{size}`), as `Engine.drain_steps` gives them, and the
-        batch's state now."""
-        steps_by, us_by = drained
-        for size, steps in steps_by.items():
-            self.inc("batch_steps", steps, label=str(size))
-        for size, us in us_by.items():
-            self.inc("batch_step_us", us, label=str(size))
+    def batch(self, drained: Drained, rows: int, queued: int, kv_bytes: int) -> None:
+        """What the batch engine counted (`seatd.batch.Engine.drain`): decode steps by
+        batch size (`batch_steps{size}`) and their time in microseconds
+        (`batch_step_us{size}`); where its working time went, by part
+        (`seatd.batch.PARTS`): calls (`engine_calls{part}`) and microseconds
+        (`engine_us{part}`); and the batch's state now."""
+        for name, counted in (("batch_steps", drained.steps), ("batch_step_us", drained.step_us),
+                              ("engine_calls", drained.part_calls),
+                              ("engine_us", drained.part_us)):
+            for label, n in counted.items():
+                self.inc(name, n, label=str(label))
         self.gauges.update(rows_active=rows, rows_queued=queued, kv_bytes=kv_bytes)
 
     @staticmethod

@@ -581,7 +581,7 @@ class SeatWorker:
                            self.loaded.prompt_cache.entries, self.loaded.prompt_cache.nbytes)
             c.spec_costs = self.loaded.speculation.costs.snapshot()
         if self.engine is not None:
-            c.batch(self.engine.drain_steps(), len(self.running), len(self.waiting),
+            c.batch(self.engine.drain(), len(self.running), len(self.waiting),
                     self.engine.kv_bytes)
         if job.constrained:
             c.inc("constrained")

@@ -4,6 +4,8 @@ whose drafter fails or whose prefill fails ends alone; the engine runs on."""
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +13,7 @@ from typing import Any
 import pytest
 
 from seatd.adaptive import DepthStats
-from seatd.batch import Engine
+from seatd.batch import PARTS, Engine
 from seatd.batch_policy import SETTLED
 from seatd.decode import decode
 from seatd.drafters import Draft, ModelDrafter
@@ -832,3 +834,49 @@ def test_rows_of_a_batch_where_verifying_loses_take_no_drafter_prefill_until_alo
         assert all(n == len(prompts[rid]) - 1 for rid in fed for n in fed[rid])
     assert engine.drafter_rate is not None and engine.drafter_rate > 0, "prefills timed"
     each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
+
+
+def test_every_working_steps_time_lands_in_exactly_one_part(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the engine's time went (`Engine.drain`), on a clock that ticks a
+    millisecond a reading: a speculating request alone (its drafter takes the prompt, a
+    second of readings each time, then verify rounds), then a plain one.  Every part is
+    counted, each working step's `other` once, a drafter's prefill apart from the step
+    or prefill it was taken in, and together the parts are the working steps' whole
+    time; the decode steps are the plain and verify parts; a drain empties them."""
+    model, tok, drafter = pair
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) * 1e-3)
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    whole = working = 0.0
+    class Slow(ModelDrafter):  # its prefill takes a second of readings: clearly its own
+        def advance(self, n: int) -> bool:
+            for _ in range(1000):
+                time.perf_counter()
+            return super().advance(n)
+
+    for rid, spec in (("spec", Speculation(Slow(drafter), 3, DepthStats())),
+                      ("plain", None)):
+        params = SamplingParams(max_tokens=12, temperature=0)
+        engine.submit(Work(Generate(rid, False, params, prompt="-"),
+                           tok.encode(PROMPTS[0]), "fp16", spec=spec))
+        told = Transcript()
+        while rid not in told.ended:
+            began = time.perf_counter()
+            worked = engine.step()
+            if worked:  # the step's own readings lie between these two
+                whole += time.perf_counter() - began - 2e-3
+                working += 1
+            told.read(engine.outbox)
+        assert told.error(rid) is None
+    drained = engine.drain()
+    calls, us = drained.part_calls, drained.part_us
+    assert set(calls) == set(PARTS), calls
+    assert calls["other"] == working
+    assert calls["drafter_prefill"] >= 1 and calls["verify"] >= 1 and calls["plain"] >= 1
+    assert all(us[p] > 0 for p in PARTS), us
+    assert us["drafter_prefill"] >= 1e6 * calls["drafter_prefill"]
+    assert abs(sum(us.values()) - 1e6 * whole) <= sum(calls.values()), (us, whole)
+    assert sum(drained.steps.values()) == calls["plain"] + calls["verify"]
+    again = engine.drain()
+    assert (again.steps, again.part_calls, again.part_us) == ({}, {}, {})

@@ -182,4 +182,13 @@ def test_rows_batch_stream_equals_sync_and_faults_stay_in_their_row(
     # every size's steps have their time beside them, a positive time a step
     took = {int(k): v for k, v in after["batch_step_us"].items()}
     assert set(took) == set(sizes) and all(took[k] > 0 for k in sizes), (took, sizes)
+    # where the engine's time went: its decode steps are the plain and verify parts with
+    # the drafter prefills taken in them (the rest of those are the prefill's)
+    parts = {k: v - before.get("engine_us", {}).get(k, 0) for k, v in after["engine_us"].items()}
+    assert parts["prefill"] > 0 and parts["plain"] > 0 and parts["other"] > 0, parts
+    steps_us = sum(took.values()) - sum(int(v) for v in before["batch_step_us"].values())
+    decode_us = parts["plain"] + parts.get("verify", 0)
+    rounding = sum(after["engine_calls"].values())  # a microsecond a count at most
+    assert decode_us - rounding <= steps_us <= decode_us + parts.get("drafter_prefill", 0) \
+        + rounding, (parts, steps_us)
     assert after["rows_active"] == 0 or after["rows_active"] <= len(REQUESTS)

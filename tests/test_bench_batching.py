@@ -203,6 +203,24 @@ def test_rows_per_step_from_the_seat_counters(before: dict[str, object],
     assert batch_figures(before, after) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(("before", "after", "expected"), [
+    # each part's growth over the slot; a part that did not grow is left out
+    ({"engine_us": {"prefill": 1000, "plain": 5000}, "engine_calls": {"prefill": 1, "plain": 2}},
+     {"engine_us": {"prefill": 4000, "plain": 5000, "verify": 2500, "other": 500},
+      "engine_calls": {"prefill": 3, "plain": 2, "verify": 1, "other": 1}},
+     {"prefill_ms": 3.0, "verify_ms": 2.5, "other_ms": 0.5, "engine_ms": 6.0,
+      "prefill_calls": 2, "verify_calls": 1, "other_calls": 1}),
+    ({}, {"engine_us": {"drafter_prefill": 700}},
+     {"drafter_prefill_ms": 0.7, "engine_ms": 0.7}),
+    ({}, {"served": 3}, {}),  # a seat that does not count its parts
+])
+def test_where_the_engine_spent_a_slot_from_the_seat_counters(
+        before: dict[str, object], after: dict[str, object], expected: dict[str, float]) -> None:
+    from sanctum.bench.concurrent import part_figures
+
+    assert part_figures(before, after) == pytest.approx(expected)
+
+
 def test_a_connection_reset_before_the_head_is_tried_again() -> None:
     """A server that resets a connect (its listen backlog full) is asked again on a new
     connection, timed from the first send; one that keeps resetting fails the request."""

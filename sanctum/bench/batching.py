@@ -414,6 +414,7 @@ def table(run: Run) -> list[str]:
                 f"| {_med(run, 'accelerated', arm, w, lambda x: f'{x:.0%}')} "
                 f"| {_med(run, 'mean_batch', arm, w, lambda x: f'{x:.2g}')} "
                 f"| {_med(run, 'step_ms', arm, w, lambda x: f'{x:.3g} ms')} |")
+    lines += engine_table(run, arms)
     if PREFILL in run.workloads:
         lines += ["", f"{run.workloads[PREFILL]}:", "",
                   "| arm | rows decoding at arrival | inter-token p99 before | during "
@@ -438,6 +439,44 @@ def table(run: Run) -> list[str]:
                       "yet started or already ended): those slots are left out of the "
                       "before / during ratio."]
     return lines
+
+
+def _part(run: Run, name: str, arm: str, w: str, calls: bool) -> str:
+    """A part's median milliseconds, with its median calls in brackets."""
+    ms = _med(run, f"{name}_ms", arm, w, lambda x: f"{x:.1f}")
+    n = _med(run, f"{name}_calls", arm, w, lambda x: f"{x:g}")
+    return f"{ms} ({n})" if calls and ms != "-" else ms
+
+
+def engine_table(run: Run, arms: Sequence[str]) -> list[str]:
+    """Per level and seat arm, where its engine spent the slot (medians of the seat's own
+    `engine_us{part}` and `engine_calls{part}` over the measured rounds): nothing for a
+    run whose seats did not count them."""
+    rows = []
+    for c in levels(run):
+        w = f"c={c}"
+        for arm in arms:
+            if not figure_values(run.samples, "engine_ms", arm, w):
+                continue
+            slots = [1e3 * s.figures["completion_tokens"] / s.figures["agg_tps"]
+                     for s in run.samples if s.arm == arm and s.workload == w
+                     and not s.warmup and s.figures.get("agg_tps")]
+            parts = [_part(run, name, arm, w, name != "other")
+                     for name in ("prefill", "drafter_prefill", "plain", "verify", "other")]
+            rows.append(f"| {c} | {arm} | {summarize(slots).median:.1f} "
+                        f"| {_med(run, 'engine_ms', arm, w, lambda x: f'{x:.1f}')} "
+                        f"| {' | '.join(parts)} |")
+    if not rows:
+        return []
+    return ["", "Where each seat's engine spent a slot, from its own counters "
+            "(milliseconds, calls in brackets; medians over the measured rounds): the "
+            "slot's wall time, the engine's working steps in all, then by part: prefill "
+            "forwards of joining rows, model drafters taking prompts, plain and verify "
+            "decode steps, and the rest of its steps.  What the slot had beyond the "
+            "engine's work is the requests' way in and out, and the engine waiting for "
+            "them.", "",
+            "| clients | arm | slot ms | engine ms | prefill | drafter prefill | plain steps "
+            "| verify steps | other |", "|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def plot(run: Run, path: Path, plt: Any) -> bool:

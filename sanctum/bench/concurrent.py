@@ -18,6 +18,11 @@ streamed request each, and reports what the server did for all of them:
     step_ms         milliseconds a decode step took at the slot's most rows, from the
                     seat's `batch_step_us{size}` beside `batch_steps` (our seats; the
                     bound reports its own step_ms)
+    PART_ms, PART_calls     where the seat's engine spent the slot, from its
+                    `engine_us{part}` and `engine_calls{part}` (`seatd.batch.PARTS`:
+                    prefill forwards, drafters taking prompts, plain and verify steps,
+                    the rest of its steps), e.g. prefill_ms, verify_calls; engine_ms
+                    their sum (our seats)
 
 The prefill scenario (`PREFILL`) streams ROWS long answers (ROW_FACTOR x tokens); once
 all of them stream and each has sent a third of a slot's tokens in chunks (SETTLE_PART;
@@ -152,6 +157,26 @@ def batch_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, fl
     us = _grown(before, after, "batch_step_us").get(most)
     if us:
         out["step_ms"] = us / steps[most] / 1e3
+    return out | part_figures(before, after)
+
+
+def part_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """Where the seat's engine spent a slot: each part's milliseconds and calls from its
+    `engine_us{part}` and `engine_calls{part}` before and after it, and `engine_ms`, their
+    sum.  Pure; nothing when the seat does not count them."""
+    out: dict[str, float] = {}
+    for name, suffix, scale in (("engine_us", "_ms", 1e-3), ("engine_calls", "_calls", 1.0)):
+        b, a = before.get(name), after.get(name)
+        if not isinstance(a, dict):
+            continue
+        b = b if isinstance(b, dict) else {}
+        for part, v in a.items():
+            grown = int(v) - int(b.get(part, 0))
+            if grown > 0:
+                out[f"{part}{suffix}"] = grown * scale
+    parts = [v for k, v in out.items() if k.endswith("_ms")]
+    if parts:
+        out["engine_ms"] = sum(parts)
     return out
 
 
