@@ -137,11 +137,6 @@ PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
 # (`seatd.batch_policy.speculates`).  Metal was not measured here (no Apple GPU on
 # hand): its batches speculate by their measured step costs, as the CPU's do.
 COMPILING = ("cuda",)
-# Where the engine's time goes, each part counted apart (`Engine.drain`): prefill
-# forwards of joining rows, model drafters taking their prompts, plain and verify decode
-# steps (each whole but for a drafter's prompt taken in it), and the rest of its steps
-# (admission, cancels, riding prompts' bookkeeping, the outbox).
-PARTS = ("prefill", "drafter_prefill", "plain", "verify", "other")
 
 
 @contextmanager
@@ -281,8 +276,8 @@ class Drained:
     """What an engine counted between two drains (`Engine.drain`): decode steps at each
     batch size and their time in microseconds (each step whole: its plan, forward and
     bookkeeping; a prompt's prefill forward between steps is not theirs); and calls of
-    each of PARTS and their time in microseconds (together, every working step's whole
-    time)."""
+    each part of the engine's working time (`seatd.counters.PARTS`) and their time in
+    microseconds (together, every working step's whole time)."""
 
     steps: dict[int, int]
     step_us: dict[int, int]
@@ -319,7 +314,7 @@ class Engine:
         self.stopped = False
         self.batch_sizes: dict[int, int] = {}  # steps seen at each batch size
         self.batch_us: dict[int, int] = {}  # ... and their time, in microseconds
-        self.part_calls: dict[str, int] = {}  # calls of each of PARTS since the last drain
+        self.part_calls: dict[str, int] = {}  # calls of each part since the last drain
         self.part_us: dict[str, int] = {}  # ... and their time, in microseconds
         self._parted = 0.0  # seconds counted into parts, ever (a step's `other` is the rest)
         self._drafting = 0.0  # seconds drafters took their prompts, ever (not their step's)
@@ -365,8 +360,8 @@ class Engine:
         return out
 
     def _part(self, part: str, seconds: float) -> None:
-        """`seconds` of the engine's working time into `part` (of PARTS); the caller
-        holds `lock`."""
+        """`seconds` of the engine's working time into `part` (`seatd.counters.PARTS`);
+        the caller holds `lock`."""
         self._parted += seconds
         self.part_calls[part] = self.part_calls.get(part, 0) + 1
         self.part_us[part] = self.part_us.get(part, 0) + round(1e6 * max(0.0, seconds))

@@ -45,6 +45,12 @@ PLAIN = (
 # bad_frames_by_reason: the frames counted in bad_frames, by why they were refused
 # (shared/protocol.py BAD_FRAME_REASONS)
 # spec_*_by_drafter: the speculation totals split by who drafted ("model", "lookup")
+# Where a batch engine's working time goes, each part counted apart
+# (`seatd.batch.Engine.drain`, `engine_us{part}` and `engine_calls{part}`): prefill
+# forwards of joining rows, model drafters taking their prompts, plain and verify decode
+# steps (each whole but for a drafter's prompt taken in it), and the rest of its steps
+# (admission, cancels, riding prompts' bookkeeping, the outbox).
+PARTS = ("prefill", "drafter_prefill", "plain", "verify", "other")
 LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens", "batch_steps",
             "batch_step_us", "engine_calls", "engine_us",
             "bad_frames_by_reason", "spec_drafts_by_drafter", "spec_draft_tokens_by_drafter",
@@ -141,7 +147,7 @@ class SeatCounters:
         """What the batch engine counted (`seatd.batch.Engine.drain`): decode steps by
         batch size (`batch_steps{size}`) and their time in microseconds
         (`batch_step_us{size}`); where its working time went, by part
-        (`seatd.batch.PARTS`): calls (`engine_calls{part}`) and microseconds
+        (PARTS): calls (`engine_calls{part}`) and microseconds
         (`engine_us{part}`); and the batch's state now."""
         for name, counted in (("batch_steps", drained.steps), ("batch_step_us", drained.step_us),
                               ("engine_calls", drained.part_calls),

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from seatd.adaptive import DepthStats
-from seatd.batch import PARTS, Engine
+from seatd.batch import Engine
 from seatd.batch_policy import SETTLED
+from seatd.counters import PARTS
 from seatd.decode import decode
 from seatd.drafters import Draft, ModelDrafter
 from seatd.engine_io import Admitted, RowCancelled, Text, Transcript, Work

@@ -61,6 +61,7 @@ from sanctum.bench.schedule import make_schedule
 from sanctum.bench.stats import Summary, figure_values, measured, pair_ratios, summarize
 from sanctum.bench.text import fmt, fmt_ratio
 from sanctum.bench.workloads import Workload, build_workloads, heldout_files
+from seatd.counters import PARTS
 
 OURS, PLAIN, MLX, MLX_DRAFT = "sanctum", "sanctum plain", "mlx_lm.server", "mlx_lm.server draft"
 DRAFT_MAX_CLIENTS = 4
@@ -462,7 +463,7 @@ def engine_table(run: Run, arms: Sequence[str]) -> list[str]:
                      for s in run.samples if s.arm == arm and s.workload == w
                      and not s.warmup and s.figures.get("agg_tps")]
             parts = [_part(run, name, arm, w, name != "other")
-                     for name in ("prefill", "drafter_prefill", "plain", "verify", "other")]
+                     for name in PARTS]
             rows.append(f"| {c} | {arm} | {summarize(slots).median:.1f} "
                         f"| {_med(run, 'engine_ms', arm, w, lambda x: f'{x:.1f}')} "
                         f"| {' | '.join(parts)} |")

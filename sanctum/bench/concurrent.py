@@ -19,7 +19,7 @@ streamed request each, and reports what the server did for all of them:
                     seat's `batch_step_us{size}` beside `batch_steps` (our seats; the
                     bound reports its own step_ms)
     PART_ms, PART_calls     where the seat's engine spent the slot, from its
-                    `engine_us{part}` and `engine_calls{part}` (`seatd.batch.PARTS`:
+                    `engine_us{part}` and `engine_calls{part}` (`seatd.counters.PARTS`:
                     prefill forwards, drafters taking prompts, plain and verify steps,
                     the rest of its steps), e.g. prefill_ms, verify_calls; engine_ms
                     their sum (our seats)
@@ -133,28 +133,33 @@ def prefill_figures(rows: Sequence[Stream], arrive: float, first: float | None,
     return out
 
 
-def _grown(before: dict[str, Any], after: dict[str, Any], name: str) -> dict[int, int]:
-    """A labelled counter's growth by batch size between two snapshots (sizes that grew)."""
+def _grown(before: dict[str, Any], after: dict[str, Any], name: str) -> dict[str, int]:
+    """A labelled counter's growth by label between two snapshots (labels that grew)."""
     b, a = before.get(name), after.get(name)
     if not isinstance(a, dict):
         return {}
     b = b if isinstance(b, dict) else {}
-    grown = {int(k): int(v) - int(b.get(k, 0)) for k, v in a.items()}
+    grown = {str(k): int(v) - int(b.get(k, 0)) for k, v in a.items()}
     return {k: v for k, v in grown.items() if v > 0}
+
+
+def _by_size(before: dict[str, Any], after: dict[str, Any], name: str) -> dict[int, int]:
+    """`_grown` of a counter labelled by batch size, by size."""
+    return {int(k): v for k, v in _grown(before, after, name).items()}
 
 
 def batch_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     """Rows per decode step over a slot, from a seat's `batch_steps` ({size: steps})
     before and after it, and a step's milliseconds at its most rows from
     `batch_step_us`.  Pure; nothing when the seat does not count them."""
-    steps = _grown(before, after, "batch_steps")
+    steps = _by_size(before, after, "batch_steps")
     total = sum(steps.values())
     if not total:
         return {}
     most = max(steps)
     out = {"mean_batch": sum(k * v for k, v in steps.items()) / total,
            "max_batch": float(most)}
-    us = _grown(before, after, "batch_step_us").get(most)
+    us = _by_size(before, after, "batch_step_us").get(most)
     if us:
         out["step_ms"] = us / steps[most] / 1e3
     return out | part_figures(before, after)
@@ -166,14 +171,7 @@ def part_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, flo
     sum.  Pure; nothing when the seat does not count them."""
     out: dict[str, float] = {}
     for name, suffix, scale in (("engine_us", "_ms", 1e-3), ("engine_calls", "_calls", 1.0)):
-        b, a = before.get(name), after.get(name)
-        if not isinstance(a, dict):
-            continue
-        b = b if isinstance(b, dict) else {}
-        for part, v in a.items():
-            grown = int(v) - int(b.get(part, 0))
-            if grown > 0:
-                out[f"{part}{suffix}"] = grown * scale
+        out |= {f"{part}{suffix}": n * scale for part, n in _grown(before, after, name).items()}
     parts = [v for k, v in out.items() if k.endswith("_ms")]
     if parts:
         out["engine_ms"] = sum(parts)
