@@ -93,3 +93,22 @@ def test_the_index_finds_what_a_scan_finds(prompt: list[int], more: list[int], k
     for i, t in enumerate(more):
         d.plain(t)
         assert (d.find(k), d.matched) == _scan(prompt + more[: i + 1], k)
+
+
+@given(st.lists(st.integers(0, 5), max_size=40), st.lists(st.integers(0, 5), max_size=30),
+       st.lists(st.booleans(), min_size=30, max_size=30), st.integers(1, 6))
+def test_tokens_indexed_late_find_what_a_scan_finds(prompt: list[int], more: list[int],
+                                                    asks: list[bool], k: int) -> None:
+    """Tokens taken between two matches asked for (a row stepping plainly in a batch,
+    its index taken up when it drafts again) leave the lookup proposing what a scan of
+    the whole context would."""
+    d = LookupDrafter()
+    d.start(prompt)
+    for i, t in enumerate(more):
+        if i % 3 == 2:
+            d.extend([t])
+        else:
+            d.plain(t)
+        if asks[i]:
+            assert (d.find(k), d.matched) == _scan(prompt + more[: i + 1], k)
+    assert (d.find(k), d.matched) == _scan(prompt + more, k)
