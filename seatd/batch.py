@@ -137,6 +137,7 @@ PREFILL_FLOOR = 8  # the fewest prompt tokens per row a prefill step takes
 # (`seatd.batch_policy.speculates`).  Metal was not measured here (no Apple GPU on
 # hand): its batches speculate by their measured step costs, as the CPU's do.
 COMPILING = ("cuda",)
+TEMPERATURE_SETS = 64  # sets of rows' temperatures kept on the device (`_temperatures`)
 
 
 @contextmanager
@@ -329,6 +330,8 @@ class Engine:
         # decode (read on any thread: an int): how far in the decoding rows were when a
         # request arrived (`batch_policy.paced`).
         self.decoded = 0
+        # the device's copies of rows' temperatures, by the rows' temperatures in order
+        self._temps: dict[tuple[float, ...], tuple[mx.array, mx.array]] = {}
         # Work for the thread when no request has any (`seatd.warm_shapes.Warming.step`):
         # one short step a call, False once done.  A request then waits one such step.
         self.idle: Callable[[], bool] | None = None
@@ -1209,7 +1212,7 @@ class Engine:
             return greedy
         keyed = _keyed_noise(logits, rows)
         if all(r.params.temperature == 0 or _tempered(r) for r in rows):
-            return self._sample_tempered(logits, rows, keyed)
+            return self._sample_tempered(logits, rows, keyed, self._temperatures(rows))
         parts = []
         for b, r in enumerate(rows):
             if r.params.temperature == 0:
@@ -1222,8 +1225,9 @@ class Engine:
         return mx.concatenate(parts)
 
     @staticmethod
-    def _sample_tempered(logits: mx.array, rows: list[Row],
-                         keyed: SeededNoise | None = None) -> mx.array:
+    def _sample_tempered(logits: mx.array, rows: list[Row], keyed: SeededNoise | None = None,
+                         temperatures: tuple[mx.array, mx.array] | None = None
+                         ) -> mx.array:
         """One token per row where every sampling row draws from its logits over its
         temperature alone (`_tempered`): one division and one argmax for the batch,
         where each row's own draw launches its own on a GPU.  On an H100 (demo model,
@@ -1240,7 +1244,9 @@ class Engine:
         softmax of the scores, as
         `mx.random.categorical` makes it, each row's independent of the others'.  A
         greedy row's scores are its logits.  `keyed`: the seeded rows' noise (None: drawn
-        here)."""
+        here).  `temperatures`: the rows' temperatures and which of them sample, on the
+        device (`Engine._temperatures`: made once for each set of them, not every step;
+        None: made here)."""
         keyed = keyed if keyed is not None else _keyed_noise(logits, rows)
         width = logits.shape[-1]
         sampling = [r for r in rows if r.params.temperature > 0]
@@ -1265,10 +1271,24 @@ class Engine:
                     parts.append(block[j])
                     j += 1
             noise = mx.stack(parts)
-        temps = mx.array([[r.params.temperature or 1.0] for r in rows], dtype=mx.float32)
-        sampled = mx.array([[r.params.temperature > 0] for r in rows])
+        temps, sampled = temperatures if temperatures is not None else _temperature_arrays(
+            tuple(r.params.temperature for r in rows))
         scores = logits.astype(mx.float32)
         return mx.argmax(mx.where(sampled, scores / temps + noise, scores), axis=-1)
+
+    def _temperatures(self, rows: list[Row]) -> tuple[mx.array, mx.array]:
+        """The rows' temperatures (B, 1) (1 for a greedy row) and whether each samples,
+        on the device: made from the host once for each set of temperatures in order, and
+        kept for the next steps of the same rows (a decode step on CUDA is host-bound, and
+        arrays made from host data every step are a part of it that is not the model's:
+        `seatd.rows_cache.Layout`)."""
+        key = tuple(r.params.temperature for r in rows)
+        got = self._temps.get(key)
+        if got is None:
+            if len(self._temps) >= TEMPERATURE_SETS:
+                self._temps.clear()
+            got = self._temps[key] = _temperature_arrays(key)
+        return got
 
     def _plain_step(self, lane: Lane) -> None:
         rows = lane.rows
@@ -1702,6 +1722,12 @@ def _keyed_noise(logits: mx.array, rows: Sequence[Row]) -> SeededNoise:
     noise = keyed_noise(list(seeded.values()), [rows[b].issued for b in seeded],
                         logits.shape[-1])
     return SeededNoise({b: j for j, b in enumerate(seeded)}, noise)
+
+
+def _temperature_arrays(temperatures: tuple[float, ...]) -> tuple[mx.array, mx.array]:
+    """(B, 1) temperatures (1 for a greedy row) and (B, 1) whether each row samples."""
+    return (mx.array([[t or 1.0] for t in temperatures], dtype=mx.float32),
+            mx.array([[t > 0] for t in temperatures]))
 
 
 def _tempered(row: Row) -> bool:

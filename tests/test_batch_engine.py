@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from seatd import batch
 from seatd.adaptive import DepthStats
 from seatd.batch import Engine
 from seatd.batch_policy import SETTLED
@@ -763,6 +764,38 @@ def test_seeded_rows_sampling_by_temperature_alone_draw_together_and_keep_their_
         assert got is not None
         want = decode(model, tok, tok.encode(prompts[rid]), p, kv="fp16",
                       context_length=2048)
+        assert got.token_ids == want.token_ids, rid
+
+
+def test_rows_temperatures_reach_the_device_once_for_each_set_of_rows(
+        pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampling rows batched: their temperatures are made on the device once for each
+    set of rows decoding together (`Engine._temperatures`), not at every draw, and
+    their answers are the ones each request gets alone."""
+    model, tok, _ = pair
+    together = count_draws(monkeypatch)
+    made: list[tuple[float, ...]] = []
+    real = batch._temperature_arrays
+
+    def counted(temperatures: tuple[float, ...]) -> Any:
+        made.append(temperatures)
+        return real(temperatures)
+
+    monkeypatch.setattr(batch, "_temperature_arrays", counted)
+    params = {"a": SamplingParams(max_tokens=20, temperature=0.7, seed=21),
+              "b": SamplingParams(max_tokens=20, temperature=1.2, seed=22),
+              "c": SamplingParams(max_tokens=20, temperature=0)}
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    for i, (rid, p) in enumerate(params.items()):
+        engine.submit(Work(Generate(rid, False, p, prompt="-"), tok.encode(PROMPTS[i]),
+                           "fp16"))
+    told = drive(engine, 3)
+    assert len(together) >= 19, "every plain step of the rows drew"
+    assert made and len(made) == len(set(made)) < len(together) // 2
+    for i, (rid, p) in enumerate(params.items()):
+        got = told.result(rid)
+        assert got is not None
+        want = decode(model, tok, tok.encode(PROMPTS[i]), p, kv="fp16", context_length=2048)
         assert got.token_ids == want.token_ids, rid
 
 
