@@ -44,7 +44,8 @@ PLAIN = (
 )
 # bad_frames_by_reason: the frames counted in bad_frames, by why they were refused
 # (shared/protocol.py BAD_FRAME_REASONS)
-# spec_*_by_drafter: the speculation totals split by who drafted ("model", "lookup")
+# spec_*_by_drafter: the speculation totals split by who drafted (DRAFTERS)
+DRAFTERS = ("model", "lookup")
 # Where a batch engine's working time goes, each part counted apart
 # (`seatd.batch.Engine.drain`, `engine_us{part}` and `engine_calls{part}`): prefill
 # forwards of joining rows, model drafters taking their prompts, plain and verify decode

@@ -213,6 +213,10 @@ def test_rows_per_step_from_the_seat_counters(before: dict[str, object],
     ({}, {"engine_us": {"drafter_prefill": 700}},
      {"drafter_prefill_ms": 0.7, "engine_ms": 0.7}),
     ({}, {"served": 3}, {}),  # a seat that does not count its parts
+    # the rows' rounds by who drafted them
+    ({"spec_drafts_by_drafter": {"model": 4}},
+     {"spec_drafts_by_drafter": {"model": 9, "lookup": 12}},
+     {"model_rounds": 5, "lookup_rounds": 12}),
 ])
 def test_where_the_engine_spent_a_slot_from_the_seat_counters(
         before: dict[str, object], after: dict[str, object], expected: dict[str, float]) -> None:
@@ -376,3 +380,24 @@ def test_the_bound_prompt_is_the_median_short_prompt_as_the_seats_get_it() -> No
     # a chat goes through the template: its text, framed, the answer's turn opened
     ids = chat.token_ids(tok)
     assert len(ids) > len(tok.encode("y = 2\n" * 9)) and "y = 2" in tok.decode(ids)
+
+
+def test_the_engine_table_splits_a_slot_by_part_and_rounds_by_drafter() -> None:
+    """The second table: each seat's slot, its engine's parts (milliseconds, calls in
+    brackets) and its rows' rounds by who drafted them, medians of the measured rounds."""
+    figures = {OURS: {"agg_tps": 96.0, "completion_tokens": 96.0, "engine_ms": 900.0,
+                      "plain_ms": 300.0, "plain_calls": 30.0, "verify_ms": 600.0,
+                      "verify_calls": 20.0, "model_rounds": 5.0, "lookup_rounds": 15.0},
+               MLX: {"agg_tps": 80.0}}
+    slots = make_schedule(list(figures), ["c=1"], 2, 0, seed=0)
+    clock = itertools.count(0.0)
+    samples = run_schedule(slots, {a: (lambda w, f=f: dict(f)) for a, f in figures.items()},
+                           run_id="x", clock=lambda: next(clock))
+    run = Run("x", "batching", "t", MLX, [ArmInfo(a, a) for a in figures], {"c=1": ""},
+              2, 0, 0, {"date": "d", "cores": "2", "model": "m"}, samples)
+    text = render({"batching": run}, None, plot=lambda r, p: False)
+    head = next(x for x in text.splitlines() if x.startswith("| clients | arm | slot ms"))
+    assert head.rstrip(" |").endswith("rounds: model / lookup")
+    row = next(x for x in text.splitlines() if x.startswith(f"| 1 | {OURS} | 1000.0 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3:] == ["900.0", "-", "-", "300.0 (30)", "600.0 (20)", "-", "5 / 15"]

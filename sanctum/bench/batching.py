@@ -61,7 +61,7 @@ from sanctum.bench.schedule import make_schedule
 from sanctum.bench.stats import Summary, figure_values, measured, pair_ratios, summarize
 from sanctum.bench.text import fmt, fmt_ratio
 from sanctum.bench.workloads import Workload, build_workloads, heldout_files
-from seatd.counters import PARTS
+from seatd.counters import DRAFTERS, PARTS
 
 OURS, PLAIN, MLX, MLX_DRAFT = "sanctum", "sanctum plain", "mlx_lm.server", "mlx_lm.server draft"
 DRAFT_MAX_CLIENTS = 4
@@ -464,20 +464,23 @@ def engine_table(run: Run, arms: Sequence[str]) -> list[str]:
                      and not s.warmup and s.figures.get("agg_tps")]
             parts = [_part(run, name, arm, w, name != "other")
                      for name in PARTS]
+            rounds = " / ".join(_med(run, f"{d}_rounds", arm, w, lambda x: f"{x:g}")
+                                for d in DRAFTERS)
             rows.append(f"| {c} | {arm} | {summarize(slots).median:.1f} "
                         f"| {_med(run, 'engine_ms', arm, w, lambda x: f'{x:.1f}')} "
-                        f"| {' | '.join(parts)} |")
+                        f"| {' | '.join(parts)} | {rounds} |")
     if not rows:
         return []
     return ["", "Where each seat's engine spent a slot, from its own counters "
             "(milliseconds, calls in brackets; medians over the measured rounds): the "
             "slot's wall time, the engine's working steps in all, then by part: prefill "
             "forwards of joining rows, model drafters taking prompts, plain and verify "
-            "decode steps, and the rest of its steps.  What the slot had beyond the "
-            "engine's work is the requests' way in and out, and the engine waiting for "
-            "them.", "",
+            "decode steps, and the rest of its steps; and the rows' speculative rounds "
+            "by who drafted them.  What the slot had beyond the engine's work is the "
+            "requests' way in and out, and the engine waiting for them.", "",
             "| clients | arm | slot ms | engine ms | prefill | drafter prefill | plain steps "
-            "| verify steps | other |", "|---|---|---|---|---|---|---|---|---|", *rows]
+            "| verify steps | other | rounds: model / lookup |",
+            "|---|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def plot(run: Run, path: Path, plt: Any) -> bool:
