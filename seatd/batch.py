@@ -278,12 +278,14 @@ class Drained:
     batch size and their time in microseconds (each step whole: its plan, forward and
     bookkeeping; a prompt's prefill forward between steps is not theirs); and calls of
     each part of the engine's working time (`seatd.counters.PARTS`) and their time in
-    microseconds (together, every working step's whole time)."""
+    microseconds (together, every working step's whole time); and the plain decode steps'
+    time by stage (`seatd.counters.STAGES`), in microseconds."""
 
     steps: dict[int, int]
     step_us: dict[int, int]
     part_calls: dict[str, int]
     part_us: dict[str, int]
+    stage_us: dict[str, int] = field(default_factory=dict)
 
 
 class Engine:
@@ -318,6 +320,11 @@ class Engine:
         self.part_calls: dict[str, int] = {}  # calls of each part since the last drain
         self.part_us: dict[str, int] = {}  # ... and their time, in microseconds
         self._parted = 0.0  # seconds counted into parts, ever (a step's `other` is the rest)
+        # A plain step's time by stage (`_plain_step`): counted since the last drain, and
+        # the step's own until its part is counted (this thread's alone, no lock)
+        self.stage_us: dict[str, int] = {}
+        self._staged: dict[str, float] = {}
+        self._waited = 0.0  # seconds the host waited for tokens (`_read`), ever
         self._drafting = 0.0  # seconds drafters took their prompts, ever (not their step's)
         self.kv_bytes = 0  # the batch's KV now, refreshed after every step
         self.prefill_cost = PrefillCost()
@@ -358,8 +365,10 @@ class Engine:
     def drain(self) -> Drained:
         """What the engine counted since the last drain, taken at one moment."""
         with self.lock:
-            out = Drained(self.batch_sizes, self.batch_us, self.part_calls, self.part_us)
+            out = Drained(self.batch_sizes, self.batch_us, self.part_calls, self.part_us,
+                          self.stage_us)
             self.batch_sizes, self.batch_us, self.part_calls, self.part_us = {}, {}, {}, {}
+            self.stage_us = {}
         return out
 
     def _part(self, part: str, seconds: float) -> None:
@@ -965,6 +974,9 @@ class Engine:
             self.batch_us[B] = self.batch_us.get(B, 0) + took
             self._part("verify" if plan.verify else "plain",
                        elapsed - (self._drafting - drafting))
+            for stage, seconds in self._staged.items():
+                self.stage_us[stage] = self.stage_us.get(stage, 0) + round(1e6 * seconds)
+        self._staged.clear()
 
     def _plan(self, lane: Lane) -> StepPlan:
         """The lane's next step (`seatd.batch_policy.decide_step`); a row whose wish to
@@ -1291,6 +1303,11 @@ class Engine:
         return got
 
     def _plain_step(self, lane: Lane) -> None:
+        """One token a row.  Its time by stage (`seatd.counters.STAGES`): building the
+        step's graph (the model's call, the draws), MLX dispatching it, the host waiting
+        for the last step's tokens, and taking them into the answers; on a GPU, where a
+        decode step is host-bound, these say where a step goes beside the bound's."""
+        began = time.perf_counter()
         rows = lane.rows
         B = len(rows)
         # A grammar's mask needs its last token: such rows' tokens are read first.
@@ -1314,9 +1331,14 @@ class Engine:
             if r.shaper is not None:
                 r.shaper.advance(new[b : b + 1])
                 pending.extend(r.shaper.state)
+        built = time.perf_counter()
         mx.async_eval(*pending)  # type: ignore[no-untyped-call]  # MLX ships it unannotated
+        sent, waited = time.perf_counter(), self._waited
         # The next step is on its way; now the host reads this step's inputs.
         self._read(rows, [b for b, r in enumerate(rows) if r.unread], feeds)
+        wait = self._waited - waited
+        self._stage(graph=built - began, dispatch=sent - built, wait=wait,
+                    take=time.perf_counter() - sent - wait)
         for b, r in enumerate(rows):
             if r.prompt_left:  # the next prompt token, not an answer's
                 r.feed, r.fed = mx.array([r.prompt_left.pop(0)], dtype=mx.uint32), None
@@ -1325,6 +1347,11 @@ class Engine:
             r.fed = Fed(new, b, r.feed)
             r.unread = True
             r.issued += 1
+
+    def _stage(self, **seconds: float) -> None:
+        """A plain step's seconds by stage, counted with its part (`_decode`)."""
+        for stage, t in seconds.items():
+            self._staged[stage] = self._staged.get(stage, 0.0) + max(0.0, t)
 
     def _masks(self, rows: list[Row]) -> dict[int, mx.array]:
         """The grammar rows' masks now; a grammar that fails ends its row alone."""
@@ -1347,7 +1374,9 @@ class Engine:
         if not which:
             return
         feeds = feeds if feeds is not None else [r.feed for r in rows]
+        asked = time.perf_counter()
         values = _ints(_gather([rows[b] for b in which], [feeds[b] for b in which]))
+        self._waited += time.perf_counter() - asked
         for b, token in zip(which, values, strict=True):
             row = rows[b]
             lps: list[TokenLogprob | None] = [None]

@@ -52,8 +52,12 @@ DRAFTERS = ("model", "lookup")
 # steps (each whole but for a drafter's prompt taken in it), and the rest of its steps
 # (admission, cancels, riding prompts' bookkeeping, the outbox).
 PARTS = ("prefill", "drafter_prefill", "plain", "verify", "other")
+# A plain decode step's time by stage (`plain_step_us{stage}`, within its `plain` part):
+# building its graph, MLX dispatching it, the host waiting for the last step's tokens,
+# and taking them into the answers (`seatd.batch.Engine._plain_step`).
+STAGES = ("graph", "dispatch", "wait", "take")
 LABELLED = ("rejected", "declined", "prompt_cache_discarded_tokens", "batch_steps",
-            "batch_step_us", "engine_calls", "engine_us",
+            "batch_step_us", "engine_calls", "engine_us", "plain_step_us",
             "bad_frames_by_reason", "spec_drafts_by_drafter", "spec_draft_tokens_by_drafter",
             "spec_accepted_by_drafter")
 # Prompt lengths of refused (413) prompts kept for the median; the count is exact.
@@ -149,10 +153,12 @@ class SeatCounters:
         batch size (`batch_steps{size}`) and their time in microseconds
         (`batch_step_us{size}`); where its working time went, by part
         (PARTS): calls (`engine_calls{part}`) and microseconds
-        (`engine_us{part}`); and the batch's state now."""
+        (`engine_us{part}`); a plain step's microseconds by stage (STAGES,
+        `plain_step_us{stage}`); and the batch's state now."""
         for name, counted in (("batch_steps", drained.steps), ("batch_step_us", drained.step_us),
                               ("engine_calls", drained.part_calls),
-                              ("engine_us", drained.part_us)):
+                              ("engine_us", drained.part_us),
+                              ("plain_step_us", drained.stage_us)):
             for label, n in counted.items():
                 self.inc(name, n, label=str(label))
         self.gauges.update(rows_active=rows, rows_queued=queued, kv_bytes=kv_bytes)

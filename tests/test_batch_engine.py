@@ -16,7 +16,7 @@ from seatd import batch
 from seatd.adaptive import DepthStats
 from seatd.batch import Engine
 from seatd.batch_policy import SETTLED
-from seatd.counters import PARTS
+from seatd.counters import PARTS, STAGES
 from seatd.decode import decode
 from seatd.drafters import Draft, ModelDrafter
 from seatd.engine_io import Admitted, RowCancelled, Text, Transcript, Work
@@ -877,7 +877,8 @@ def test_every_working_steps_time_lands_in_exactly_one_part(
     second of readings each time, then verify rounds), then a plain one.  Every part is
     counted, each working step's `other` once, a drafter's prefill apart from the step
     or prefill it was taken in, and together the parts are the working steps' whole
-    time; the decode steps are the plain and verify parts; a drain empties them."""
+    time; the decode steps are the plain and verify parts, a plain step's stages lie
+    within its part; a drain empties them."""
     model, tok, drafter = pair
     ticks = itertools.count()
     monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) * 1e-3)
@@ -912,5 +913,8 @@ def test_every_working_steps_time_lands_in_exactly_one_part(
     assert us["drafter_prefill"] >= 1e6 * calls["drafter_prefill"]
     assert abs(sum(us.values()) - 1e6 * whole) <= sum(calls.values()), (us, whole)
     assert sum(drained.steps.values()) == calls["plain"] + calls["verify"]
+    # a plain step's stages, each timed, lie within the plain part
+    assert set(drained.stage_us) == set(STAGES) and all(drained.stage_us.values())
+    assert sum(drained.stage_us.values()) <= us["plain"]
     again = engine.drain()
-    assert (again.steps, again.part_calls, again.part_us) == ({}, {}, {})
+    assert (again.steps, again.part_calls, again.part_us, again.stage_us) == ({}, {}, {}, {})

@@ -22,6 +22,7 @@ from typing import Any
 import openai
 import pytest
 
+from seatd.counters import STAGES
 from tests.lanes import rows_round_apart
 from tests.procs import Sanctum, packaged_config, running, wait_for
 from tests.spec_models import snippet
@@ -191,4 +192,9 @@ def test_rows_batch_stream_equals_sync_and_faults_stay_in_their_row(
     rounding = sum(after["engine_calls"].values())  # a microsecond a count at most
     assert decode_us - rounding <= steps_us <= decode_us + parts.get("drafter_prefill", 0) \
         + rounding, (parts, steps_us)
+    # a plain step's time by stage, within the plain part
+    stages = {k: v - before.get("plain_step_us", {}).get(k, 0)
+              for k, v in after["plain_step_us"].items()}
+    assert set(stages) == set(STAGES) and all(v > 0 for v in stages.values()), stages
+    assert sum(stages.values()) <= parts["plain"] + len(STAGES) * rounding, (stages, parts)
     assert after["rows_active"] == 0 or after["rows_active"] <= len(REQUESTS)

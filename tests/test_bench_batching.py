@@ -217,6 +217,10 @@ def test_rows_per_step_from_the_seat_counters(before: dict[str, object],
     ({"spec_drafts_by_drafter": {"model": 4}},
      {"spec_drafts_by_drafter": {"model": 9, "lookup": 12}},
      {"model_rounds": 5, "lookup_rounds": 12}),
+    # a plain step's stages, milliseconds over the slot
+    ({"plain_step_us": {"graph": 1000, "wait": 50}},
+     {"plain_step_us": {"graph": 4000, "dispatch": 6000, "wait": 50, "take": 900}},
+     {"graph_ms": 3.0, "dispatch_ms": 6.0, "take_ms": 0.9}),
 ])
 def test_where_the_engine_spent_a_slot_from_the_seat_counters(
         before: dict[str, object], after: dict[str, object], expected: dict[str, float]) -> None:
@@ -401,3 +405,28 @@ def test_the_engine_table_splits_a_slot_by_part_and_rounds_by_drafter() -> None:
     row = next(x for x in text.splitlines() if x.startswith(f"| 1 | {OURS} | 1000.0 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[3:] == ["900.0", "-", "-", "300.0 (30)", "600.0 (20)", "-", "5 / 15"]
+
+
+def test_the_stage_table_gives_a_plain_step_by_stage_beside_the_bound() -> None:
+    """The third table: a seat's plain step by stage, milliseconds a step (each stage's
+    slot total over the slot's plain steps), beside the bound's step at the level."""
+    from sanctum.bench.batching import PLAIN
+    from sanctum.bench.bound import BOUND
+
+    figures = {PLAIN: {"agg_tps": 96.0, "completion_tokens": 96.0, "plain_calls": 50.0,
+                       "plain_ms": 150.0, "graph_ms": 40.0, "dispatch_ms": 60.0,
+                       "wait_ms": 5.0, "take_ms": 10.0},
+               BOUND: {"agg_tps": 200.0, "step_ms": 1.5}, MLX: {"agg_tps": 80.0}}
+    slots = make_schedule(list(figures), ["c=4"], 2, 0, seed=0)
+    clock = itertools.count(0.0)
+    samples = run_schedule(slots, {a: (lambda w, f=f: dict(f)) for a, f in figures.items()},
+                           run_id="x", clock=lambda: next(clock))
+    run = Run("x", "batching", "t", MLX, [ArmInfo(a, a) for a in figures], {"c=4": ""},
+              2, 0, 0, {"date": "d", "cores": "2", "model": "m"}, samples)
+    text = render({"batching": run}, None, plot=lambda r, p: False)
+    head = next(x for x in text.splitlines() if x.startswith("| clients | arm | graph |"))
+    assert "bound's step" in head
+    row = next(x for x in text.splitlines()
+               if x.startswith(f"| 4 | {PLAIN} | ") and x.count("|") == 8)
+    assert [c.strip() for c in row.strip("|").split("|")][2:] == \
+        ["0.80", "1.20", "0.10", "0.20", "1.50"]

@@ -61,7 +61,7 @@ from sanctum.bench.schedule import make_schedule
 from sanctum.bench.stats import Summary, figure_values, measured, pair_ratios, summarize
 from sanctum.bench.text import fmt, fmt_ratio
 from sanctum.bench.workloads import Workload, build_workloads, heldout_files
-from seatd.counters import DRAFTERS, PARTS
+from seatd.counters import DRAFTERS, PARTS, STAGES
 
 OURS, PLAIN, MLX, MLX_DRAFT = "sanctum", "sanctum plain", "mlx_lm.server", "mlx_lm.server draft"
 DRAFT_MAX_CLIENTS = 4
@@ -415,7 +415,7 @@ def table(run: Run) -> list[str]:
                 f"| {_med(run, 'accelerated', arm, w, lambda x: f'{x:.0%}')} "
                 f"| {_med(run, 'mean_batch', arm, w, lambda x: f'{x:.2g}')} "
                 f"| {_med(run, 'step_ms', arm, w, lambda x: f'{x:.3g} ms')} |")
-    lines += engine_table(run, arms)
+    lines += engine_table(run, arms) + stage_table(run, arms)
     if PREFILL in run.workloads:
         lines += ["", f"{run.workloads[PREFILL]}:", "",
                   "| arm | rows decoding at arrival | inter-token p99 before | during "
@@ -481,6 +481,36 @@ def engine_table(run: Run, arms: Sequence[str]) -> list[str]:
             "| clients | arm | slot ms | engine ms | prefill | drafter prefill | plain steps "
             "| verify steps | other | rounds: model / lookup |",
             "|---|---|---|---|---|---|---|---|---|---|", *rows]
+
+
+def stage_table(run: Run, arms: Sequence[str]) -> list[str]:
+    """Per level and seat arm, a plain step's milliseconds by stage (the seat's
+    `plain_step_us{stage}` over its plain steps, medians of the measured rounds), beside
+    the bound's whole step at the same level: nothing for seats that did not count
+    them."""
+    rows = []
+    for c in levels(run):
+        w = f"c={c}"
+        bound = _med(run, "step_ms", BOUND, w, lambda x: f"{x:.2f}")
+        for arm in arms:
+            per = {stage: [s.figures[f"{stage}_ms"] / s.figures["plain_calls"]
+                           for s in run.samples if s.arm == arm and s.workload == w
+                           and not s.warmup and s.figures.get("plain_calls")
+                           and f"{stage}_ms" in s.figures] for stage in STAGES}
+            if not any(per.values()):
+                continue
+            cells = [f"{summarize(v).median:.2f}" if v else "-" for v in per.values()]
+            rows.append(f"| {c} | {arm} | {' | '.join(cells)} | {bound} |")
+    if not rows:
+        return []
+    return ["", "A plain step's host time by stage, milliseconds a step (medians over the "
+            "measured rounds, from each seat's own counters): building its graph (the "
+            "model's call, the draws), MLX dispatching it, the host waiting for the last "
+            "step's tokens, and taking them into the answers; beside it the bound's whole "
+            "step at the same level.  On a device where a decode step is host-bound, the "
+            "first, second and fourth are the host's work a step.", "",
+            "| clients | arm | graph | dispatch | wait | take | bound's step |",
+            "|---|---|---|---|---|---|---|", *rows]
 
 
 def plot(run: Run, path: Path, plt: Any) -> bool:

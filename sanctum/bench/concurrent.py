@@ -168,15 +168,18 @@ def batch_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, fl
 def part_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
     """Where the seat's engine spent a slot: each part's milliseconds and calls from its
     `engine_us{part}` and `engine_calls{part}` before and after it, and `engine_ms`, their
-    sum; and the rows' speculative rounds by who drafted them (`{drafter}_rounds`, from
-    `spec_drafts_by_drafter`: a model drafter's and prompt lookup's round cost apart).
-    Pure; nothing when the seat does not count them."""
+    sum; the plain steps' milliseconds by stage (`{stage}_ms`, from `plain_step_us`:
+    building, dispatching, waiting, taking); and the rows' speculative rounds by who
+    drafted them (`{drafter}_rounds`, from `spec_drafts_by_drafter`: a model drafter's and
+    prompt lookup's round cost apart).  Pure; nothing when the seat does not count them."""
     out: dict[str, float] = {}
     for name, suffix, scale in (("engine_us", "_ms", 1e-3), ("engine_calls", "_calls", 1.0)):
         out |= {f"{part}{suffix}": n * scale for part, n in _grown(before, after, name).items()}
     parts = [v for k, v in out.items() if k.endswith("_ms")]
     if parts:
         out["engine_ms"] = sum(parts)
+    out |= {f"{stage}_ms": n * 1e-3
+            for stage, n in _grown(before, after, "plain_step_us").items()}
     return out | {f"{drafter}_rounds": float(n) for drafter, n
                   in _grown(before, after, "spec_drafts_by_drafter").items()}
 
