@@ -767,6 +767,16 @@ def test_seeded_rows_sampling_by_temperature_alone_draw_together_and_keep_their_
         assert got.token_ids == want.token_ids, rid
 
 
+def _batched(model: Any, tok: Any, params: dict[str, SamplingParams]) -> Transcript:
+    """The requests of `params` (request id: its sampling), on PROMPTS in order, batched
+    by one engine until all ended."""
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    for i, (rid, p) in enumerate(params.items()):
+        engine.submit(Work(Generate(rid, False, p, prompt="-"), tok.encode(PROMPTS[i]),
+                           "fp16"))
+    return drive(engine, len(params))
+
+
 def test_rows_temperatures_reach_the_device_once_for_each_set_of_rows(
         pair: tuple[Any, Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """Sampling rows batched: their temperatures are made on the device once for each
@@ -785,11 +795,7 @@ def test_rows_temperatures_reach_the_device_once_for_each_set_of_rows(
     params = {"a": SamplingParams(max_tokens=20, temperature=0.7, seed=21),
               "b": SamplingParams(max_tokens=20, temperature=1.2, seed=22),
               "c": SamplingParams(max_tokens=20, temperature=0)}
-    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
-    for i, (rid, p) in enumerate(params.items()):
-        engine.submit(Work(Generate(rid, False, p, prompt="-"), tok.encode(PROMPTS[i]),
-                           "fp16"))
-    told = drive(engine, 3)
+    told = _batched(model, tok, params)
     assert len(together) >= 19, "every plain step of the rows drew"
     assert made and len(made) == len(set(made)) < len(together) // 2
     for i, (rid, p) in enumerate(params.items()):
@@ -809,11 +815,7 @@ def test_unseeded_sampling_rows_draw_together(
     params = {"a": SamplingParams(max_tokens=20, temperature=0.7),
               "b": SamplingParams(max_tokens=20, temperature=1.2),
               "c": SamplingParams(max_tokens=20, temperature=0)}
-    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
-    for i, (rid, p) in enumerate(params.items()):
-        engine.submit(Work(Generate(rid, False, p, prompt="-"), tok.encode(PROMPTS[i]),
-                           "fp16"))
-    told = drive(engine, 3)
+    told = _batched(model, tok, params)
     assert max(together) == 3, "the three rows drew together"
     want_c = decode(model, tok, tok.encode(PROMPTS[2]), params["c"], kv="fp16",
                     context_length=2048)

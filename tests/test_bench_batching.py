@@ -386,6 +386,18 @@ def test_the_bound_prompt_is_the_median_short_prompt_as_the_seats_get_it() -> No
     assert len(ids) > len(tok.encode("y = 2\n" * 9)) and "y = 2" in tok.decode(ids)
 
 
+def _rendered(figures: dict[str, dict[str, float]], level: str) -> str:
+    """The batching report of two interleaved rounds at one level, each arm's slots
+    giving the same figures."""
+    slots = make_schedule(list(figures), [level], 2, 0, seed=0)
+    clock = itertools.count(0.0)
+    samples = run_schedule(slots, {a: (lambda w, f=f: dict(f)) for a, f in figures.items()},
+                           run_id="x", clock=lambda: next(clock))
+    run = Run("x", "batching", "t", MLX, [ArmInfo(a, a) for a in figures], {level: ""},
+              2, 0, 0, {"date": "d", "cores": "2", "model": "m"}, samples)
+    return render({"batching": run}, None, plot=lambda r, p: False)
+
+
 def test_the_engine_table_splits_a_slot_by_part_and_rounds_by_drafter() -> None:
     """The second table: each seat's slot, its engine's parts (milliseconds, calls in
     brackets) and its rows' rounds by who drafted them, medians of the measured rounds."""
@@ -393,13 +405,7 @@ def test_the_engine_table_splits_a_slot_by_part_and_rounds_by_drafter() -> None:
                       "plain_ms": 300.0, "plain_calls": 30.0, "verify_ms": 600.0,
                       "verify_calls": 20.0, "model_rounds": 5.0, "lookup_rounds": 15.0},
                MLX: {"agg_tps": 80.0}}
-    slots = make_schedule(list(figures), ["c=1"], 2, 0, seed=0)
-    clock = itertools.count(0.0)
-    samples = run_schedule(slots, {a: (lambda w, f=f: dict(f)) for a, f in figures.items()},
-                           run_id="x", clock=lambda: next(clock))
-    run = Run("x", "batching", "t", MLX, [ArmInfo(a, a) for a in figures], {"c=1": ""},
-              2, 0, 0, {"date": "d", "cores": "2", "model": "m"}, samples)
-    text = render({"batching": run}, None, plot=lambda r, p: False)
+    text = _rendered(figures, "c=1")
     head = next(x for x in text.splitlines() if x.startswith("| clients | arm | slot ms"))
     assert head.rstrip(" |").endswith("rounds: model / lookup")
     row = next(x for x in text.splitlines() if x.startswith(f"| 1 | {OURS} | 1000.0 |"))
@@ -417,13 +423,7 @@ def test_the_stage_table_gives_a_plain_step_by_stage_beside_the_bound() -> None:
                        "plain_ms": 150.0, "graph_ms": 40.0, "dispatch_ms": 60.0,
                        "wait_ms": 5.0, "take_ms": 10.0},
                BOUND: {"agg_tps": 200.0, "step_ms": 1.5}, MLX: {"agg_tps": 80.0}}
-    slots = make_schedule(list(figures), ["c=4"], 2, 0, seed=0)
-    clock = itertools.count(0.0)
-    samples = run_schedule(slots, {a: (lambda w, f=f: dict(f)) for a, f in figures.items()},
-                           run_id="x", clock=lambda: next(clock))
-    run = Run("x", "batching", "t", MLX, [ArmInfo(a, a) for a in figures], {"c=4": ""},
-              2, 0, 0, {"date": "d", "cores": "2", "model": "m"}, samples)
-    text = render({"batching": run}, None, plot=lambda r, p: False)
+    text = _rendered(figures, "c=4")
     head = next(x for x in text.splitlines() if x.startswith("| clients | arm | graph |"))
     assert "bound's step" in head
     row = next(x for x in text.splitlines()
