@@ -321,7 +321,7 @@ class Engine:
         self.part_us: dict[str, int] = {}  # ... and their time, in microseconds
         self._parted = 0.0  # seconds counted into parts, ever (a step's `other` is the rest)
         # A plain step's time by stage (`_plain_step`): counted since the last drain, and
-        # the step's own until its part is counted (this thread's alone, no lock)
+        # the last step's own until its part is counted (this thread's alone, no lock)
         self.stage_us: dict[str, int] = {}
         self._staged: dict[str, float] = {}
         self._waited = 0.0  # seconds the host waited for tokens (`_read`), ever
@@ -976,7 +976,7 @@ class Engine:
                        elapsed - (self._drafting - drafting))
             for stage, seconds in self._staged.items():
                 self.stage_us[stage] = self.stage_us.get(stage, 0) + round(1e6 * seconds)
-        self._staged.clear()
+        self._staged = {}
 
     def _plan(self, lane: Lane) -> StepPlan:
         """The lane's next step (`seatd.batch_policy.decide_step`); a row whose wish to
@@ -1337,8 +1337,8 @@ class Engine:
         # The next step is on its way; now the host reads this step's inputs.
         self._read(rows, [b for b, r in enumerate(rows) if r.unread], feeds)
         wait = self._waited - waited
-        self._stage(graph=built - began, dispatch=sent - built, wait=wait,
-                    take=time.perf_counter() - sent - wait)
+        self._staged = {"graph": built - began, "dispatch": sent - built, "wait": wait,
+                        "take": time.perf_counter() - sent - wait}
         for b, r in enumerate(rows):
             if r.prompt_left:  # the next prompt token, not an answer's
                 r.feed, r.fed = mx.array([r.prompt_left.pop(0)], dtype=mx.uint32), None
@@ -1347,11 +1347,6 @@ class Engine:
             r.fed = Fed(new, b, r.feed)
             r.unread = True
             r.issued += 1
-
-    def _stage(self, **seconds: float) -> None:
-        """A plain step's seconds by stage, counted with its part (`_decode`)."""
-        for stage, t in seconds.items():
-            self._staged[stage] = self._staged.get(stage, 0.0) + max(0.0, t)
 
     def _masks(self, rows: list[Row]) -> dict[int, mx.array]:
         """The grammar rows' masks now; a grammar that fails ends its row alone."""

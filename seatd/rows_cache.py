@@ -320,18 +320,17 @@ class Layout:
         self._plain = False  # the step in flight is a plain one (`Mirror`)
         self._after: mx.array | None = None  # its mask's columns, (B, idx + 1)
         self._mirror: Mirror | None = None
-        # made once: under key 0 the int32 one, under key B a column of B trues
-        self._device: dict[int, mx.array] = {}
+        self._one: mx.array | None = None  # the int32 one a plain step adds to positions
+        self._trues: dict[int, mx.array] = {}  # by B: a column of B trues, made once
 
     @property
     def rows(self) -> int:
         return int(self.valid.shape[0])
 
-    def _const(self, b: int) -> mx.array:
-        if b not in self._device:
-            self._device[b] = (mx.array(1, dtype=mx.int32) if b == 0
-                               else mx.ones((b, 1), dtype=mx.bool_))
-        return self._device[b]
+    def _column(self, b: int) -> mx.array:
+        if b not in self._trues:
+            self._trues[b] = mx.ones((b, 1), dtype=mx.bool_)
+        return self._trues[b]
 
     def _mirrored(self) -> Mirror | None:
         """The last plain step's mirror, if the host's layout is still what it left."""
@@ -364,7 +363,7 @@ class Layout:
         if self._plain:  # one token a row, each seeing its valid columns and itself
             columns = mirror.columns if mirror is not None and mirror.columns is not None \
                 else mx.array(self.valid)
-            self._after = mx.concatenate([columns, self._const(self.rows)], axis=1)
+            self._after = mx.concatenate([columns, self._column(self.rows)], axis=1)
             self._mask = self._after[:, None, None, :]
             return
         after = np.concatenate([self.valid, step], axis=1)  # (B, idx + n)
@@ -382,8 +381,10 @@ class Layout:
         self.pos = self.pos + step.sum(axis=1)
         self.idx += step.shape[1]
         if self._plain:
+            if self._one is None:
+                self._one = mx.array(1, dtype=mx.int32)
             self._mirror = Mirror(self.pos.copy(), self.valid.copy(),
-                                  self.positions + self._const(0), self._after)
+                                  self.positions + self._one, self._after)
         self._step, self._mask, self._after, self._plain = None, None, None, False
 
     def first_used(self, a: int, b: int) -> int:
