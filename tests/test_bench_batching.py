@@ -221,6 +221,9 @@ def test_rows_per_step_from_the_seat_counters(before: dict[str, object],
     ({"plain_step_us": {"graph": 1000, "wait": 50}},
      {"plain_step_us": {"graph": 4000, "dispatch": 6000, "wait": 50, "take": 900}},
      {"graph_ms": 3.0, "dispatch_ms": 6.0, "take_ms": 0.9}),
+    # the cost model's terms as the slot left them (gauges, not growth)
+    ({"spec_cost_us": {"plain": 900}}, {"spec_cost_us": {"plain": 1300, "host": 8000}},
+     {"cost_plain_us": 1300, "cost_host_us": 8000}),
 ])
 def test_where_the_engine_spent_a_slot_from_the_seat_counters(
         before: dict[str, object], after: dict[str, object], expected: dict[str, float]) -> None:

@@ -171,7 +171,10 @@ def part_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, flo
     sum; the plain steps' milliseconds by stage (`{stage}_ms`, from `plain_step_us`:
     building, dispatching, waiting, taking); and the rows' speculative rounds by who
     drafted them (`{drafter}_rounds`, from `spec_drafts_by_drafter`: a model drafter's and
-    prompt lookup's round cost apart).  Pure; nothing when the seat does not count them."""
+    prompt lookup's round cost apart); and the seat's speculation cost model as the slot
+    left it (`cost_{term}_us`, from `spec_cost_us`: what a plain token, a verify, a
+    drafter step and a round's host work cost by its own measure, which decides whether
+    it drafts).  Pure; nothing when the seat does not count them."""
     out: dict[str, float] = {}
     for name, suffix, scale in (("engine_us", "_ms", 1e-3), ("engine_calls", "_calls", 1.0)):
         out |= {f"{part}{suffix}": n * scale for part, n in _grown(before, after, name).items()}
@@ -180,8 +183,11 @@ def part_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, flo
         out["engine_ms"] = sum(parts)
     out |= {f"{stage}_ms": n * 1e-3
             for stage, n in _grown(before, after, "plain_step_us").items()}
-    return out | {f"{drafter}_rounds": float(n) for drafter, n
-                  in _grown(before, after, "spec_drafts_by_drafter").items()}
+    out |= {f"{drafter}_rounds": float(n) for drafter, n
+            in _grown(before, after, "spec_drafts_by_drafter").items()}
+    costs = after.get("spec_cost_us")
+    return out | ({f"cost_{term}_us": float(us) for term, us in costs.items()}
+                  if isinstance(costs, dict) else {})
 
 
 def seat_counters(base_url: str, seat: str) -> dict[str, Any]:
