@@ -32,7 +32,16 @@ Metal it is mlx-lm's function itself.  On CUDA (MLX 0.32, measured on an H200):
   graph) while its scores stay under `COMPOSED_SCORES`, else takes the fused kernel;
 - the 8-bit quantized matmul has no kernel for attention's batched shapes ("No
   implementation for problem shape"), so a q8 cache's keys and values are dequantized
-  (its own group size and bits) and the float path above takes them.
+  (its own group size and bits) and the float path above takes them;
+- one query a row (a plain step, alone or batched, masked or not, and each query of a
+  split block) takes `seatd.rows_kernel`'s one-query kernel where it applies: under a
+  batch's mask not MLX's composed fallback (one kernel against five and their copies:
+  the step is host-bound there), and without one not cuDNN, which MLX picks for keys
+  from 256 on and which builds a graph at every new buffer size and batch (the 45-110
+  ms first rounds at each new capacity of `seatd.warm_shapes`).  A plain step and a
+  split block's query still take one path at one length, so a verified token's
+  attention stays the plain step's.  The kernel is checked once a process against
+  the composed path (`kernel_ready`); one that fails to build or to agree is not used.
 """
 
 from __future__ import annotations
@@ -42,15 +51,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import structlog
 from mlx_lm.models import base
 
+from seatd import rows_kernel
 from seatd.backend import backend
+
+log = structlog.get_logger()
 
 _LIBRARY = base.scaled_dot_product_attention
 NAME = "scaled_dot_product_attention"
 SPLIT_QUERIES = 16  # on CUDA a block this narrow attends query by query
 COMPOSED_SCORES = 1 << 26  # on CUDA a wider block is composed while B*H*n*S stays under this
-CUDA_RULE = f"split{SPLIT_QUERIES}-composed-v1"  # in a CUDA seat's fingerprint
+CUDA_RULE = f"split{SPLIT_QUERIES}-composed-masked1-v2"  # in a CUDA seat's fingerprint
 
 
 @dataclass(frozen=True)
@@ -112,19 +125,65 @@ def library(queries: mx.array, keys: Any, values: Any, cache: Any, scale: float,
     n = queries.shape[2]
     causal = isinstance(mask, mx.array) or mask == "causal"
     if n == 1 or not causal:
-        return _LIBRARY(queries, keys, values, cache=cache, scale=scale, mask=mask,
-                        sinks=sinks)
+        return _one_query(queries, keys, values, cache, scale, mask, sinks)
     if n <= SPLIT_QUERIES:
         outs = []
         for i in range(n):
             k, v, m = _prefix(keys, values, mask, n, i)
-            outs.append(_LIBRARY(queries[:, :, i : i + 1], k, v, cache=cache, scale=scale,
-                                 mask=m, sinks=sinks))
+            outs.append(_one_query(queries[:, :, i : i + 1], k, v, cache, scale, m, sinks))
         return mx.concatenate(outs, axis=2)
     if sinks is None and queries.shape[0] * queries.shape[1] * n * keys.shape[2] \
             <= COMPOSED_SCORES:
         return composed(queries, keys, values, scale, mask)
     return _LIBRARY(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _one_query(queries: mx.array, keys: mx.array, values: mx.array, cache: Any,
+               scale: float, mask: Any, sinks: Any) -> mx.array:
+    """One query a row on CUDA (or a block that is not causal): the module's kernel
+    where it applies, else mlx-lm's function."""
+    if queries.shape[2] == 1 and sinks is None \
+            and rows_kernel.usable(queries, keys, values, mask) and kernel_ready():
+        return rows_kernel.attention(queries, keys, values, scale, mask)
+    return _LIBRARY(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+_kernel_state: dict[str, bool] = {}  # "ready": the one-query kernel built and agreed
+
+
+def kernel_ready() -> bool:
+    """Whether `seatd.rows_kernel`'s one-query kernel builds on this device and agrees
+    with the composed path (2% of the largest output, 16-bit) on a small batch of rows
+    of different lengths and grouped heads, masked and not; decided once a process.  A
+    kernel that cannot
+    (no compiler, a driver that refuses it) leaves the composed path in its place and
+    says so in the log: a fast path declines, it never fails a step."""
+    ready = _kernel_state.get("ready")
+    if ready is None:
+        ready = _check_kernel()
+        _kernel_state["ready"] = ready
+    return ready
+
+
+def _check_kernel() -> bool:
+    try:
+        B, H, kv, S, D = 3, 4, 2, 40, 64
+        key = mx.random.key(7)
+        q, k, v = (mx.random.normal((B, h, n, D), key=mx.random.split(key, 3)[i])
+                   .astype(mx.bfloat16) for i, (h, n) in enumerate(((H, 1), (kv, S), (kv, S))))
+        cols = mx.arange(S)[None, :]
+        mask = ((cols >= mx.array([[0], [9], [33]])) & (cols != 20))[:, None, None, :]
+        for m in (mask, None):
+            got = rows_kernel.attention(q, k, v, 0.125, m).astype(mx.float32)
+            want = composed(q, k, v, 0.125, m).astype(mx.float32)
+            gap = mx.abs(got - want).max()
+            if not bool((gap <= 2e-2 * mx.maximum(mx.abs(want).max(), 1.0)).item()):
+                log.warning("rows_kernel_disagrees", gap=gap.item(), masked=m is not None)
+                return False
+        return True
+    except Exception as exc:  # no NVRTC, a refused build: the composed path stays
+        log.warning("rows_kernel_unavailable", error=repr(exc))
+        return False
 
 
 def _prefix(keys: mx.array, values: mx.array, mask: Any, n: int, i: int

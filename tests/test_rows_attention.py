@@ -98,6 +98,7 @@ def test_the_backend_decides_by_default(monkeypatch: pytest.MonkeyPatch) -> None
         return _LIBRARY(q, *a, **kw)
 
     monkeypatch.setattr(rows_attention, "_LIBRARY", counting)
+    monkeypatch.setattr(rows_attention, "kernel_ready", lambda: False)  # (tests/test_rows_kernel)
     q, k, v = qkv(3, seed=4)
     monkeypatch.setattr(rows_attention, "backend", lambda: "cuda")
     library(q, k, v, None, 0.125, "causal")
@@ -136,5 +137,6 @@ def test_batched_rows_keep_their_bytes_under_the_cuda_rule(
         (want, e1), (got, e2) = plain.results[i], fast.results[i]
         assert e1 is None and e2 is None and want is not None and got is not None
         assert "".join(plain.streamed[i]) == want.text
-        assert got.speculation.state == "accelerated", i
+        if backend() != "cuda":  # on a real CUDA device a batch steps plain (batch_policy)
+            assert got.speculation.state == "accelerated", i
         assert got.text == want.text, i
