@@ -37,8 +37,10 @@ Metal it is mlx-lm's function itself.  On CUDA (MLX 0.32, measured on an H200):
   split block) takes `seatd.rows_kernel`'s one-query kernel where it applies: under a
   batch's mask not MLX's composed fallback (one kernel against five and their copies:
   the step is host-bound there), and without one not cuDNN, which MLX picks for keys
-  from 256 on and which builds a graph at every new buffer size and batch (the 45-110
-  ms first rounds at each new capacity of `seatd.warm_shapes`).  A plain step and a
+  from 256 on and which builds a graph at every new buffer size and batch (by MLX's
+  source; likely some of `seatd.warm_shapes`' 45-110 ms first rounds at each new
+  capacity, not traced), and whose dispatch took 96 us against the kernel's 43 at
+  1,024 keys (`seatd.rows_kernel`).  A plain step and a
   split block's query still take one path at one length, so a verified token's
   attention stays the plain step's.  The kernel is checked once a process against
   the composed path (`kernel_ready`); one that fails to build or to agree is not used.
