@@ -65,7 +65,7 @@ _LIBRARY = base.scaled_dot_product_attention
 NAME = "scaled_dot_product_attention"
 SPLIT_QUERIES = 16  # on CUDA a block this narrow attends query by query
 COMPOSED_SCORES = 1 << 26  # on CUDA a wider block is composed while B*H*n*S stays under this
-CUDA_RULE = f"split{SPLIT_QUERIES}-composed-masked1-v2"  # in a CUDA seat's fingerprint
+CUDA_RULE = f"split{SPLIT_QUERIES}-composed-onequery-v2"  # in a CUDA seat's fingerprint
 
 
 @dataclass(frozen=True)
@@ -157,9 +157,9 @@ def kernel_ready() -> bool:
     """Whether `seatd.rows_kernel`'s one-query kernel builds on this device and agrees
     with the composed path (2% of the largest output, 16-bit) on a small batch of rows
     of different lengths and grouped heads, masked and not; decided once a process.  A
-    kernel that cannot
-    (no compiler, a driver that refuses it) leaves the composed path in its place and
-    says so in the log: a fast path declines, it never fails a step."""
+    kernel that cannot (no compiler, a driver that refuses it, a wrong answer) leaves
+    mlx-lm's function in its place and says so in the log: a fast path declines, it
+    never fails a step."""
     ready = _kernel_state.get("ready")
     if ready is None:
         ready = _check_kernel()
@@ -170,9 +170,9 @@ def kernel_ready() -> bool:
 def _check_kernel() -> bool:
     try:
         B, H, kv, S, D = 3, 4, 2, 40, 64
-        key = mx.random.key(7)
-        q, k, v = (mx.random.normal((B, h, n, D), key=mx.random.split(key, 3)[i])
-                   .astype(mx.bfloat16) for i, (h, n) in enumerate(((H, 1), (kv, S), (kv, S))))
+        keys = mx.random.split(mx.random.key(7), 3)
+        q, k, v = (mx.random.normal((B, h, n, D), key=keys[i]).astype(mx.bfloat16)
+                   for i, (h, n) in enumerate(((H, 1), (kv, S), (kv, S))))
         cols = mx.arange(S)[None, :]
         mask = ((cols >= mx.array([[0], [9], [33]])) & (cols != 20))[:, None, None, :]
         for m in (mask, None):
@@ -183,7 +183,7 @@ def _check_kernel() -> bool:
                 log.warning("rows_kernel_disagrees", gap=gap.item(), masked=m is not None)
                 return False
         return True
-    except Exception as exc:  # no NVRTC, a refused build: the composed path stays
+    except Exception as exc:  # no NVRTC, a refused build: mlx-lm's function stays
         log.warning("rows_kernel_unavailable", error=repr(exc))
         return False
 

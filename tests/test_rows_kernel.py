@@ -1,9 +1,9 @@
 """The one-query kernel of a CUDA seat (`seatd.rows_kernel`): where it applies (pure, on
 every backend), which calls of the CUDA rule take it (on every backend, the kernel
-stood in for), that a kernel which cannot build or agree leaves MLX's path in its place
-(on every backend), and on CUDA that it computes the masked attention the composed path
-computes and, unmasked, MLX's own one-query kernel's bytes (run on the GPU; skipped
-elsewhere)."""
+stood in for), that a kernel which cannot build or agree leaves mlx-lm's function in its
+place (on every backend), and on CUDA that it computes the masked attention the composed
+path computes and, every key kept, MLX's own one-query kernel's bytes (run on the GPU;
+skipped elsewhere)."""
 
 from __future__ import annotations
 
@@ -89,11 +89,11 @@ def test_the_scale_travels_as_its_bits() -> None:
     assert scale_bits(1.0) == 0x3F800000
 
 
-def test_a_kernel_that_cannot_build_leaves_the_composed_path(
+def test_a_kernel_that_cannot_build_leaves_mlx_lms_function(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """On the CUDA rule, a plain step under a boolean mask whose kernel raises (no NVRTC,
-    a refused build; here, on any backend, a kernel that raises) attends the composed
-    way, and the kernel is not tried again in this process."""
+    a refused build; here, on any backend, a kernel that raises) attends through
+    mlx-lm's function, and the kernel is not tried again in this process."""
     calls: list[int] = []
 
     def broken(*a: Any, **kw: Any) -> mx.array:
@@ -113,7 +113,7 @@ def test_a_kernel_that_cannot_build_leaves_the_composed_path(
 
 def test_a_kernel_that_disagrees_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
     """A kernel that builds but computes something else (zeros) fails the check against
-    the composed path, and the step takes the composed path."""
+    the composed path, and the step takes mlx-lm's function."""
     monkeypatch.setattr(rows_kernel, "attention",
                         lambda q, k, v, scale, mask: mx.zeros(q.shape, q.dtype))
     q, k, v = arrays(3, 8, 2, 20, 64, mx.float32, seed=1)
