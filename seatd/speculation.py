@@ -106,6 +106,19 @@ class SeatSpeculation:
             return
         self.drafter_model = loaded.model
 
+    def cost_snapshot(self) -> dict[str, int]:
+        """The cost model's terms (`SpecCosts.snapshot`) and the model drafter's round
+        time at each depth it has a figure for, by band (`round_greedy_d{k}`,
+        `round_sampled_d{k}`; d0: a plain token), in microseconds: what a request's
+        `RoundPolicy` starts from (before its line mends a spike), so an operator sees
+        why the seat drafts or not on this device."""
+        out = self.costs.snapshot()
+        for sampled, stats in self.bands.items():
+            band = "sampled" if sampled else "greedy"
+            for k, t in sorted(dict(stats.seconds).items()):
+                out[f"round_{band}_d{k}"] = round(t * 1e6)
+        return out
+
     def take_times(self, measured: dict[bool, dict[int, float]]) -> None:
         """Round seconds by depth, by band, measured on this device by the warm-up
         (`seatd.warm_shapes.Warming`): the bands' figures start from them, so the

@@ -579,7 +579,7 @@ class SeatWorker:
         if self.loaded is not None:
             c.prompt_cache(self.loaded.prompt_cache.drain(), lane,
                            self.loaded.prompt_cache.entries, self.loaded.prompt_cache.nbytes)
-            c.spec_costs = self.loaded.speculation.costs.snapshot()
+            c.spec_costs = self.loaded.speculation.cost_snapshot()
         if self.engine is not None:
             c.batch(self.engine.drain(), len(self.running), len(self.waiting),
                     self.engine.kv_bytes)

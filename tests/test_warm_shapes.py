@@ -268,3 +268,8 @@ def test_the_measure_runs_time_each_depth_and_hand_the_seat_its_figures() -> Non
     assert seeded.policy.seconds[0] == got[0][False][0]
     assert seat.bands[False].accept == DepthStats().accept
     assert seat.bands[True].seconds == {}  # the band it was not given
+    # the counters show what the seat's rounds cost by depth, and only the band it has
+    shown = seat.cost_snapshot()
+    assert shown["round_greedy_d0"] == round(got[0][False][0] * 1e6)
+    assert shown["round_greedy_d1"] == round(got[0][False][2] * 0.8 * 1e6)
+    assert not any(k.startswith("round_sampled") for k in shown)
