@@ -1025,15 +1025,27 @@ class Engine:
         if own:
             lane.step_s = elapsed if lane.step_s is None else 0.8 * lane.step_s + 0.2 * elapsed
         if B == 1 and lane.rows and own:  # a request alone: its round times are its seat's
-            self._alone_measured(lane.rows[0], plan, parts, elapsed)
+            self._alone_measured(lane.rows[0], plan, parts, elapsed, steady)
 
     def _alone_measured(self, row: Row, plan: StepPlan, parts: tuple[float, float, int] | None,
-                        elapsed: float) -> None:
-        """A request alone's step into its seat's cost model and depth figures."""
+                        elapsed: float, steady: bool) -> None:
+        """A request alone's step into its seat's cost model and depth figures, and into
+        its own policies' round times (`seatd.adaptive.RoundPolicy.observe_ratio`): a
+        round's time over its figure in the policy it drafted by, or a plain token's
+        (timed as its forward: `steady`), into every policy of the request."""
         spec = row.work.spec
         if spec is None:
             return
         drafted = plan.depths[0] > 0
+        policies = [p for p in (spec.policy, *(spec.lookup_policies or {}).values())
+                    if p is not None]
+        by = self._figures(row, spec)[1] if drafted and row.draft.drafted \
+            else policies[0] if policies and not drafted and steady and row.draft.speculating \
+            else None
+        ratio = by.ratio(row.draft.drafted if drafted else 0, elapsed) if by else None
+        if ratio is not None:
+            for p in policies:
+                p.observe_ratio(drafted, ratio)
         costs = spec.costs
         if costs is not None and parts is not None and parts[2] > 1:
             by_lookup = row.draft.by_lookup or getattr(spec.drafter, "name", "") == "lookup"

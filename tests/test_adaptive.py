@@ -278,3 +278,50 @@ def test_a_policys_expected_tokens_follow_each_round_it_observes() -> None:
     assert after[3] > 1.875 and after == policy.expected_upto(3)
     policy.observe(3, 0)  # the first draft rejected
     assert policy.expected(1) < after[1]
+
+
+BASE = (0.002, 0.003, 0.0035, 0.004, 0.0045, 0.005, 0.0055)  # plain token, depths 1-6
+
+
+@pytest.mark.parametrize(("rounds", "plain", "want"), [
+    ((), (), BASE),  # nothing of its own yet: the seat's figures
+    ((3.0, 3.0), (), BASE),  # two rounds: not yet
+    ((3.0, 3.0, 3.0), (), (BASE[0], *(3 * t for t in BASE[1:]))),  # every depth by its rounds
+    ((1.0, 40.0, 1.0), (), BASE),  # one round that built a shape does not move it
+    ((2.0, 4.0, 3.0, 5.0), (), (BASE[0], *(3.5 * t for t in BASE[1:]))),
+    ((), (0.5, 0.5, 0.5), (0.001, *BASE[1:])),  # its plain tokens: the plain figure only
+])
+def test_own_times_scale_the_seats_figures_by_the_requests_own(
+        rounds: tuple[float, ...], plain: tuple[float, ...], want: tuple[float, ...]) -> None:
+    from seatd.adaptive import own_times
+
+    assert own_times(BASE, rounds, plain) == pytest.approx(want)
+
+
+def test_a_request_whose_rounds_cost_more_than_its_seat_said_parks_on_its_own_times() -> None:
+    """The seat's figures make a deep round pay (a good drafter, rounds 1.5-2.75x a plain
+    token); the request's own rounds take 6x their figure (host work per round the
+    figures missed, as on a GPU whose forward is short): after OWN_TIMES of them it
+    parks, for a burst long enough that its probes cost little, and a later plain
+    token's time moves only the plain figure."""
+    from seatd.adaptive import OWN_TIMES, OWN_WINDOW
+
+    p = RoundPolicy(BASE, (0.8,) * 6)
+    assert p.best() > 0
+    for _ in range(OWN_TIMES):
+        assert p.best() > 0
+        ratio = p.ratio(6, 6 * BASE[6])
+        assert ratio == pytest.approx(6)
+        p.observe_ratio(True, ratio)
+        p.observe(6, 4)
+    assert p.best() == 0
+    assert p.seconds[1:] == pytest.approx(tuple(6 * t for t in BASE[1:]))
+    assert park_tokens(0, p.seconds) > park_tokens(0, BASE)
+    for _ in range(OWN_WINDOW):  # the device got faster again: the latest rounds decide
+        p.observe_ratio(True, p.ratio(3, BASE[3]) or 0.0)
+    assert p.seconds == pytest.approx(BASE) and p.best() > 0
+    for _ in range(OWN_TIMES):  # plain tokens move only the plain figure
+        p.observe_ratio(False, p.ratio(0, 2 * BASE[0]) or 0.0)
+    assert p.seconds == pytest.approx((2 * BASE[0], *BASE[1:]))
+    # no time, or a depth it has no figure of, is no observation
+    assert p.ratio(0, 0.0) is None and p.ratio(9, 1.0) is None

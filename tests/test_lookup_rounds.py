@@ -374,3 +374,51 @@ def test_a_passed_over_match_is_judged_early_where_its_class_is_not_trusted(
     tried = min(kept + 1, depth)
     assert policy.tries == [1] * tried + [0] * (15 - tried)
     assert policy.hits == [1] * kept + [0] * (15 - kept)
+
+
+class Skewed:
+    """The engine's clock (`seatd.batch.time`), injected: real time plus what the test
+    adds to it (a round's host work that the seat's figures miss)."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.real, self.skew = time, 0.0
+
+    def perf_counter(self) -> float:
+        return float(self.real.perf_counter()) + self.skew
+
+    def monotonic(self) -> float:
+        return float(self.real.monotonic())
+
+
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=48, temperature=0),
+                                    SamplingParams(max_tokens=48, temperature=0.8, seed=3)],
+                         ids=["greedy", "seeded"])
+def test_a_request_whose_rounds_cost_more_than_its_seats_figures_parks_on_its_own(
+        target: Any, params: SamplingParams, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seat's figures say a round costs about a plain token; on the engine's
+    (injected) clock every verify step takes 2 s more, as host work per round that the
+    figures missed would.  The request drafts OWN_TIMES rounds, by the model or the
+    lookup, then its own times park it for good (a probe would cost more than the rest
+    of its answer); its bytes are plain decoding's.  On the true clock the same request
+    drafts through its answer."""
+    import seatd.batch as engine_module
+    from seatd.adaptive import OWN_TIMES
+
+    plain = answer(target, None, params)
+    fast = answer(target, seat(target, 0.7), params)
+    assert fast.speculation.drafts > 2 * OWN_TIMES
+    clock = Skewed()
+    verify = Engine._verify_step
+
+    def slow(self: Engine, *args: Any, **kw: Any) -> Any:
+        out = verify(self, *args, **kw)
+        clock.skew += 2.0
+        return out
+
+    monkeypatch.setattr(engine_module, "time", clock)
+    monkeypatch.setattr(Engine, "_verify_step", slow)
+    parked = answer(target, seat(target, 0.7), params)
+    assert parked.token_ids == plain.token_ids and parked.text == plain.text
+    assert parked.speculation.drafts == OWN_TIMES
