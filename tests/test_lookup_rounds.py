@@ -392,11 +392,8 @@ class Skewed:
         return float(self.real.monotonic())
 
 
-@pytest.mark.parametrize("params", [SamplingParams(max_tokens=48, temperature=0),
-                                    SamplingParams(max_tokens=48, temperature=0.8, seed=3)],
-                         ids=["greedy", "seeded"])
 def test_a_request_whose_rounds_cost_more_than_its_seats_figures_parks_on_its_own(
-        target: Any, params: SamplingParams, monkeypatch: pytest.MonkeyPatch) -> None:
+        target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The seat's figures say a round costs about a plain token; on the engine's
     (injected) clock every verify step takes 2 s more, as host work per round that the
     figures missed would.  The request drafts OWN_TIMES rounds, by the model or the
@@ -406,6 +403,7 @@ def test_a_request_whose_rounds_cost_more_than_its_seats_figures_parks_on_its_ow
     import seatd.batch as engine_module
     from seatd.adaptive import OWN_TIMES
 
+    params = SamplingParams(max_tokens=48, temperature=0.8, seed=3)
     plain = answer(target, None, params)
     fast = answer(target, seat(target, 0.7), params)
     assert fast.speculation.drafts > 2 * OWN_TIMES
@@ -422,3 +420,4 @@ def test_a_request_whose_rounds_cost_more_than_its_seats_figures_parks_on_its_ow
     parked = answer(target, seat(target, 0.7), params)
     assert parked.token_ids == plain.token_ids and parked.text == plain.text
     assert parked.speculation.drafts == OWN_TIMES
+
