@@ -637,6 +637,31 @@ def test_a_batch_takes_plain_steps_while_a_prompt_joins_at_its_pace(
     each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
 
 
+def test_a_joining_prompts_share_is_of_the_rows_plain_step(
+        pair: tuple[Any, Any, Any]) -> None:
+    """A prompt joining decoding rows at their pace takes PREFILL_SHARE of their step as
+    their plain step at their size is measured (their steps are plain while it joins),
+    not of their steps' average with verify steps in it; before a plain step of the size
+    is settled, of that average (`Lane.step_s`)."""
+    from seatd.batch import PREFILL_SHARE
+    from seatd.batch_policy import SETTLED
+
+    model, tok, _ = pair
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    for rid, text in (("a", "def fibonacci(n):"), ("b", "class Stack:")):
+        engine.submit(Work(Generate(rid, False, SamplingParams(max_tokens=64, temperature=0),
+                                    prompt="-"), tok.encode(text), "fp16"))
+    while sum(len(lane.rows) for lane in engine.lanes.values()) < 2:
+        engine.step()
+    lane = next(lane for lane in engine.lanes.values() if lane.rows)
+    engine.costs = type(engine.costs)()  # nothing measured: the lane's own average
+    lane.step_s = 0.300  # verify steps at twice a plain one, and more
+    assert engine._prefill_time() == pytest.approx(PREFILL_SHARE * 0.300)
+    for _ in range(SETTLED):
+        engine.costs.observe(2, 1, 0.100)
+    assert engine._prefill_time() == pytest.approx(PREFILL_SHARE * 0.100)
+
+
 def test_a_batch_judges_verify_steps_on_steady_plain_steps(
         pair: tuple[Any, Any, Any]) -> None:
     """A plain step's time goes into the seat's step costs only after a plain step of
