@@ -204,25 +204,38 @@ def _line(measured: dict[int, float], points: Sequence[int]) -> Callable[[int], 
     return lambda k: max(1e-9, base + slope * k)
 
 
-def own_times(base: Sequence[float], rounds: Sequence[float],
-              plain: Sequence[float]) -> tuple[float, ...]:
+PLAIN, MODEL, LOOKUP = "plain", "model", "lookup"  # whose times a request observes
+
+
+def own_scale(mine: Sequence[float], theirs: Sequence[float]) -> float:
+    """What a drafter's round times are scaled by in a request: the median of its own
+    rounds' times over their figures (`mine`, its latest), once it has OWN_TIMES of them;
+    until then the other drafter's (`theirs`) where that says rounds cost less than the
+    figures (so this one is tried, and measured), never more (another drafter's dear
+    rounds, a model drafter's host work, say nothing of a lookup's: borrowed, they could
+    keep it from ever being tried); 1 where neither has run enough.  The median: one
+    round that built a new shape (on CUDA, 45-110 ms among 2-15 ms ones) does not move
+    it.  Pure."""
+    if len(mine) >= OWN_TIMES:
+        return median(mine)
+    if len(theirs) >= OWN_TIMES:
+        return min(1.0, median(theirs))
+    return 1.0
+
+
+def own_times(base: Sequence[float], rounds: float, plain: float) -> tuple[float, ...]:
     """A request's round times at each depth (0: a plain token): the seat's figures as it
-    began (`base`), its rounds' scaled by the median of what its own rounds took over
-    the figure of their depth (`rounds`: those ratios), once it has OWN_TIMES of them;
-    the plain token's likewise by its own plain tokens (`plain`).  One scale for every
-    depth: a request learns what its rounds cost here from the few it ran, not depth by
-    depth (the seat's figures say how a round's cost grows with its depth; what they
-    miss is most often the same for all, e.g. host work per round on a device whose
-    forward is short).  The median: one round that built a new shape (on CUDA, 45-110
-    ms among 2-15 ms ones) does not move it.
+    began (`base`), its rounds' scaled by `rounds` and its plain token's by `plain`
+    (`own_scale` of each).  One scale for every depth: a request learns what its rounds
+    cost here from the few it ran, not depth by depth (the seat's figures say how a
+    round's cost grows with its depth; what they miss is most often the same for all,
+    e.g. host work per round on a device whose forward is short).
 
     Measured through the batching bench on an H100 (demo pair, one client): the default
     seat's requests drafted 28 rounds each of 11-19 ms against a plain token's 1.7 ms,
     at 0.41x its plain path's tokens/s, because their policies held the seat's figures
     from before they began.  Pure."""
-    r = median(rounds) if len(rounds) >= OWN_TIMES else 1.0
-    p = median(plain) if len(plain) >= OWN_TIMES else 1.0
-    return (base[0] * p, *(t * r for t in base[1:]))
+    return (base[0] * plain, *(t * rounds for t in base[1:]))
 
 
 @dataclass
@@ -235,9 +248,11 @@ class RoundPolicy:
     prior: tuple[float, ...]
     tries: list[int] = field(default_factory=list)
     hits: list[int] = field(default_factory=list)
-    # the seat's figures as the request began, and its own times over them (`own_times`)
+    drafter: str = MODEL  # whose rounds these are: MODEL, or LOOKUP (`seatd.drafter_choice`)
+    # the seat's figures as the request began, and its own times over them by whose
+    # they were (PLAIN, MODEL, LOOKUP: `own_times`)
     base: tuple[float, ...] = field(default=(), compare=False)
-    own: dict[bool, list[float]] = field(default_factory=dict, compare=False)
+    own: dict[str, list[float]] = field(default_factory=dict, compare=False)
     # `expected_upto`'s figures since the last `observe`, by depth: a batch asks every
     # row's policy each step, and between two of its rounds the answer is the same
     _expected: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False,
@@ -318,18 +333,20 @@ class RoundPolicy:
             return None
         return seconds / self.base[depth]
 
-    def observe_ratio(self, rounds: bool, ratio: float) -> None:
-        """One of the request's rounds (`rounds`; else a plain token, timed as its
-        forward) took `ratio` times its figure (`ratio`): its round times follow
-        (`own_times`).  A request's policies (its model drafter's, its lookup's by
-        class) all take each of its rounds' ratios: what the figures missed (host work
-        per round, a slower device than the seat measured) is the same for every
-        drafter's rounds, and a drafter not chosen on stale figures would never be
-        measured again."""
-        ratios = self.own.setdefault(rounds, [])
+    def observe_ratio(self, whose: str, ratio: float) -> None:
+        """One of the request's rounds took `ratio` times its figure: a round by a
+        drafter (`whose`: MODEL or LOOKUP), or a plain token (PLAIN, timed as its
+        forward).  Every policy of the request takes each (its model drafter's, its
+        lookup's by class): its round times follow its own drafter's rounds, and the
+        other's only as far as `own_scale` borrows them."""
+        ratios = self.own.setdefault(whose, [])
         ratios.append(ratio)
         del ratios[:-OWN_WINDOW]
-        self.seconds = own_times(self.base, self.own.get(True, ()), self.own.get(False, ()))
+        other = LOOKUP if self.drafter == MODEL else MODEL
+        self.seconds = own_times(self.base,
+                                 own_scale(self.own.get(self.drafter, ()),
+                                           self.own.get(other, ())),
+                                 own_scale(self.own.get(PLAIN, ()), ()))
 
     def observe(self, drafted: int, kept: int) -> None:
         self._expected.clear()

@@ -80,7 +80,15 @@ import mlx.core as mx
 import structlog
 
 from seatd import prefill_rows, recurrent
-from seatd.adaptive import DepthStats, RoundPolicy, observe, park_tokens
+from seatd.adaptive import (
+    LOOKUP,
+    MODEL,
+    PLAIN,
+    DepthStats,
+    RoundPolicy,
+    observe,
+    park_tokens,
+)
 from seatd.answer import Answer
 from seatd.backend import backend
 from seatd.batch_policy import (
@@ -1049,7 +1057,8 @@ class Engine:
         """A request alone's step into its seat's cost model and depth figures, and into
         its own policies' round times (`seatd.adaptive.RoundPolicy.observe_ratio`): a
         round's time over its figure in the policy it drafted by, or a plain token's
-        (timed as its forward: `steady`), into every policy of the request."""
+        (timed as its forward: `steady`), into every policy of the request, with whose
+        it was (the model drafter's, the lookup's, a plain token's)."""
         spec = row.work.spec
         if spec is None:
             return
@@ -1061,8 +1070,9 @@ class Engine:
             else None
         ratio = by.ratio(row.draft.drafted if drafted else 0, elapsed) if by else None
         if ratio is not None:
+            whose = PLAIN if not drafted else LOOKUP if self._by_class(row, spec) else MODEL
             for p in policies:
-                p.observe_ratio(drafted, ratio)
+                p.observe_ratio(whose, ratio)
         costs = spec.costs
         if costs is not None and parts is not None and parts[2] > 1:
             by_lookup = row.draft.by_lookup or getattr(spec.drafter, "name", "") == "lookup"

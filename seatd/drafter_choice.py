@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
-from seatd.adaptive import DepthStats, RoundPolicy, round_times
+from seatd.adaptive import LOOKUP, DepthStats, RoundPolicy, round_times
 
 LOOKUP_MAX_DEPTH = 15  # a lookup round verifies at most 16 tokens
 # Tokens of a passed-over match of a class the request does not trust yet that, held,
@@ -139,4 +139,4 @@ def lookup_policy(model_times: tuple[float, ...], stats: DepthStats,
     (`stats`) as its prior acceptance; round times from `rounds`, the seat's lookup
     rounds of every class (None: the class's own).  Pure."""
     times = lookup_times(model_times, rounds if rounds is not None else stats, estimate)
-    return RoundPolicy(times, tuple(stats.accept[: len(times) - 1]))
+    return RoundPolicy(times, tuple(stats.accept[: len(times) - 1]), drafter=LOOKUP)

@@ -280,48 +280,63 @@ def test_a_policys_expected_tokens_follow_each_round_it_observes() -> None:
     assert policy.expected(1) < after[1]
 
 
+@pytest.mark.parametrize(("mine", "theirs", "want"), [
+    ((), (), 1.0),  # nothing of its own yet, nor the other's: the seat's figures
+    ((3.0, 3.0), (), 1.0),  # two rounds: not yet
+    ((3.0, 3.0, 3.0), (), 3.0),  # its own rounds
+    ((1.0, 40.0, 1.0), (), 1.0),  # one round that built a shape does not move it
+    ((2.0, 4.0, 3.0, 5.0), (), 3.5),
+    ((2.0, 2.0, 2.0), (0.5, 0.5, 0.5), 2.0),  # its own outweigh the other's
+    ((), (0.5, 0.5, 0.5), 0.5),  # the other's cheaper rounds: tried on them
+    ((2.0,), (4.0, 4.0, 4.0), 1.0),  # ... never its dearer ones
+])
+def test_own_scale(mine: tuple[float, ...], theirs: tuple[float, ...], want: float) -> None:
+    from seatd.adaptive import own_scale
+
+    assert own_scale(mine, theirs) == pytest.approx(want)
+
+
 BASE = (0.002, 0.003, 0.0035, 0.004, 0.0045, 0.005, 0.0055)  # plain token, depths 1-6
 
 
-@pytest.mark.parametrize(("rounds", "plain", "want"), [
-    ((), (), BASE),  # nothing of its own yet: the seat's figures
-    ((3.0, 3.0), (), BASE),  # two rounds: not yet
-    ((3.0, 3.0, 3.0), (), (BASE[0], *(3 * t for t in BASE[1:]))),  # every depth by its rounds
-    ((1.0, 40.0, 1.0), (), BASE),  # one round that built a shape does not move it
-    ((2.0, 4.0, 3.0, 5.0), (), (BASE[0], *(3.5 * t for t in BASE[1:]))),
-    ((), (0.5, 0.5, 0.5), (0.001, *BASE[1:])),  # its plain tokens: the plain figure only
-])
-def test_own_times_scale_the_seats_figures_by_the_requests_own(
-        rounds: tuple[float, ...], plain: tuple[float, ...], want: tuple[float, ...]) -> None:
+def test_own_times_scale_rounds_and_the_plain_token_apart() -> None:
     from seatd.adaptive import own_times
 
-    assert own_times(BASE, rounds, plain) == pytest.approx(want)
+    assert own_times(BASE, 1.0, 1.0) == pytest.approx(BASE)
+    assert own_times(BASE, 3.0, 0.5) == pytest.approx((0.001, *(3 * t for t in BASE[1:])))
 
 
 def test_a_request_whose_rounds_cost_more_than_its_seat_said_parks_on_its_own_times() -> None:
     """The seat's figures make a deep round pay (a good drafter, rounds 1.5-2.75x a plain
-    token); the request's own rounds take 6x their figure (host work per round the
+    token); the request's own model rounds take 6x their figure (host work per round the
     figures missed, as on a GPU whose forward is short): after OWN_TIMES of them it
-    parks, for a burst long enough that its probes cost little, and a later plain
-    token's time moves only the plain figure."""
-    from seatd.adaptive import OWN_TIMES, OWN_WINDOW
+    parks, for a burst long enough that its probes cost little.  A lookup policy of the
+    same request keeps its own figures (the model's dear rounds say nothing of its),
+    and takes the model's cheaper ones; plain tokens move only the plain figure."""
+    from seatd.adaptive import LOOKUP, MODEL, OWN_TIMES, OWN_WINDOW, PLAIN
 
     p = RoundPolicy(BASE, (0.8,) * 6)
+    lookup = RoundPolicy(BASE, (0.8,) * 6, drafter=LOOKUP)
     assert p.best() > 0
     for _ in range(OWN_TIMES):
         assert p.best() > 0
         ratio = p.ratio(6, 6 * BASE[6])
         assert ratio == pytest.approx(6)
-        p.observe_ratio(True, ratio)
+        for q in (p, lookup):
+            q.observe_ratio(MODEL, ratio)
         p.observe(6, 4)
     assert p.best() == 0
     assert p.seconds[1:] == pytest.approx(tuple(6 * t for t in BASE[1:]))
     assert park_tokens(0, p.seconds) > park_tokens(0, BASE)
+    assert lookup.seconds == pytest.approx(BASE)
     for _ in range(OWN_WINDOW):  # the device got faster again: the latest rounds decide
-        p.observe_ratio(True, p.ratio(3, BASE[3]) or 0.0)
-    assert p.seconds == pytest.approx(BASE) and p.best() > 0
+        for q in (p, lookup):
+            q.observe_ratio(MODEL, p.ratio(3, BASE[3] / 2) or 0.0)
+    assert p.seconds[1:] == pytest.approx(tuple(t / 2 for t in BASE[1:])) and p.best() > 0
+    assert lookup.seconds[1:] == pytest.approx(tuple(t / 2 for t in BASE[1:]))
     for _ in range(OWN_TIMES):  # plain tokens move only the plain figure
-        p.observe_ratio(False, p.ratio(0, 2 * BASE[0]) or 0.0)
-    assert p.seconds == pytest.approx((2 * BASE[0], *BASE[1:]))
+        p.observe_ratio(PLAIN, p.ratio(0, 2 * BASE[0]) or 0.0)
+    assert p.seconds[0] == pytest.approx(2 * BASE[0])
+    assert p.seconds[1:] == pytest.approx(tuple(t / 2 for t in BASE[1:]))
     # no time, or a depth it has no figure of, is no observation
     assert p.ratio(0, 0.0) is None and p.ratio(9, 1.0) is None
