@@ -1063,14 +1063,17 @@ class Engine:
         if spec is None:
             return
         drafted = plan.depths[0] > 0
-        policies = [p for p in (spec.policy, *(spec.lookup_policies or {}).values())
-                    if p is not None]
-        by = self._figures(row, spec)[1] if drafted and row.draft.drafted \
-            else policies[0] if policies and not drafted and steady and row.draft.speculating \
-            else None
-        ratio = by.ratio(row.draft.drafted if drafted else 0, elapsed) if by else None
+        # (a lookup seat's policy is one of its classes': each policy once)
+        policies = list({id(p): p for p in (spec.policy, *(spec.lookup_policies or {}).values())
+                         if p is not None}.values())
+        by, depth, whose = None, 0, PLAIN
+        if drafted and row.draft.drafted:  # a round: over its figure where it drafted by
+            by, depth = self._figures(row, spec)[1], row.draft.drafted
+            whose = LOOKUP if self._by_class(row, spec) else MODEL
+        elif not drafted and steady and row.draft.speculating and policies:
+            by = policies[0]  # a plain token: every policy holds the same figure of it
+        ratio = by.ratio(depth, elapsed) if by is not None else None
         if ratio is not None:
-            whose = PLAIN if not drafted else LOOKUP if self._by_class(row, spec) else MODEL
             for p in policies:
                 p.observe_ratio(whose, ratio)
         costs = spec.costs

@@ -394,19 +394,19 @@ class Skewed:
 
 def test_a_request_whose_rounds_cost_more_than_its_seats_figures_parks_on_its_own(
         target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The seat's figures say a round costs about a plain token; on the engine's
-    (injected) clock every verify step takes 2 s more, as host work per round that the
-    figures missed would.  Each drafter runs at most OWN_TIMES rounds, then its own
-    times park it for good (a probe would cost more than the rest of its answer); its
-    bytes are plain decoding's.  On the true clock the same request
-    drafts through its answer."""
+    """The seat's figures say a round pays (its policy would draft, deep, from its first
+    round); on the engine's (injected) clock every verify step takes 2 s more, as host
+    work per round that the figures missed would.  Each drafter runs at most OWN_TIMES
+    rounds, then its own times park it for good (a probe would cost more than the rest
+    of its answer); its bytes are plain decoding's."""
     import seatd.batch as engine_module
     from seatd.adaptive import OWN_TIMES
 
     params = SamplingParams(max_tokens=48, temperature=0.8, seed=3)
     plain = answer(target, None, params)
-    fast = answer(target, seat(target, 0.7), params)
-    assert fast.speculation.drafts > 2 * OWN_TIMES
+    spec = seat(target, 0.7)
+    plan = spec.plan(Generate("p", False, params), "fp16")
+    assert plan is not None and plan.policy is not None and plan.policy.best() > 0
     clock = Skewed()
     verify = Engine._verify_step
 
@@ -417,8 +417,7 @@ def test_a_request_whose_rounds_cost_more_than_its_seats_figures_parks_on_its_ow
 
     monkeypatch.setattr(engine_module, "time", clock)
     monkeypatch.setattr(Engine, "_verify_step", slow)
-    parked = answer(target, seat(target, 0.7), params)
+    parked = answer(target, spec, params)
     assert parked.token_ids == plain.token_ids and parked.text == plain.text
     rounds = {who: got[0] for who, got in parked.speculation.by_drafter.items()}
     assert 0 < sum(rounds.values()) and all(n <= OWN_TIMES for n in rounds.values()), rounds
-
