@@ -12,7 +12,7 @@ Two levels:
   acceptance, re-probing now and then;
 - `RoundPolicy` (per round, inside a request): the seat's round times as the request
   began, scaled by what the request's own rounds and plain tokens took once it has a
-  few of each (`own_times`), and the request's own acceptance (the seat's as a prior).
+  few of each (`OwnTimes`, `own_times`), and the request's own acceptance (the seat's as a prior).
   Prose that the drafter predicts badly parks at 0 within a few rounds, in bursts of
   plain decoding with a probe round between them, each burst twice the last while the
   probes keep failing (`park_tokens`); code that it predicts well drafts deep; a
@@ -239,30 +239,65 @@ def own_times(base: Sequence[float], rounds: float, plain: float) -> tuple[float
 
 
 @dataclass
+class OwnTimes:
+    """A request's own times over its figures, by whose they were (PLAIN, MODEL,
+    LOOKUP): the latest OWN_WINDOW of each.  One per request, shared by its policies
+    (its model drafter's, its lookup's by class: `seatd.speculation`), so each round is
+    taken once; `seen` counts them, for the policies to know when to follow."""
+
+    ratios: dict[str, list[float]] = field(default_factory=dict)
+    seen: int = 0
+
+    def observe(self, whose: str, ratio: float) -> None:
+        """One of the request's rounds (a drafter's: MODEL, LOOKUP), or a plain token
+        (PLAIN, timed as its forward), took `ratio` times its figure
+        (`RoundPolicy.ratio`)."""
+        ratios = self.ratios.setdefault(whose, [])
+        ratios.append(ratio)
+        del ratios[:-OWN_WINDOW]
+        self.seen += 1
+
+    def scales(self, drafter: str) -> tuple[float, float]:
+        """(rounds, plain): what a `drafter`'s round times and a plain token's are scaled
+        by (`own_scale`)."""
+        other = LOOKUP if drafter == MODEL else MODEL
+        return (own_scale(self.ratios.get(drafter, ()), self.ratios.get(other, ())),
+                own_scale(self.ratios.get(PLAIN, ()), ()))
+
+
+@dataclass
 class RoundPolicy:
     """The draft depth of each round of one request (0: a burst of plain tokens).
-    `seconds`: a round's time at each depth as the request now holds it (the seat's
-    figures at its start, scaled by its own: `observe_ratio`)."""
+    `base`: a round's time at each depth by the seat's figures as the request began;
+    `seconds`: as the request now holds it, scaled by its own (`own`, `own_times`)."""
 
-    seconds: tuple[float, ...]
+    base: tuple[float, ...]
     prior: tuple[float, ...]
     tries: list[int] = field(default_factory=list)
     hits: list[int] = field(default_factory=list)
     drafter: str = MODEL  # whose rounds these are: MODEL, or LOOKUP (`seatd.drafter_choice`)
-    # the seat's figures as the request began, and its own times over them by whose
-    # they were (PLAIN, MODEL, LOOKUP: `own_times`)
-    base: tuple[float, ...] = field(default=(), compare=False)
-    own: dict[str, list[float]] = field(default_factory=dict, compare=False)
+    own: OwnTimes = field(default_factory=OwnTimes, compare=False)
     # `expected_upto`'s figures since the last `observe`, by depth: a batch asks every
     # row's policy each step, and between two of its rounds the answer is the same
     _expected: dict[int, list[float]] = field(default_factory=dict, init=False, repr=False,
                                               compare=False)
+    # `seconds` as of `own.seen` observations
+    _seconds: tuple[int, tuple[float, ...]] = field(default=(0, ()), init=False,
+                                                    repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        n = len(self.seconds) - 1
+        n = len(self.base) - 1
         self.tries = self.tries or [0] * n
         self.hits = self.hits or [0] * n
-        self.base = self.base or self.seconds
+
+    @property
+    def seconds(self) -> tuple[float, ...]:
+        """A round's time at each depth (0: a plain token) as the request now holds it."""
+        seen, times = self._seconds
+        if not times or seen != self.own.seen:
+            times = own_times(self.base, *self.own.scales(self.drafter))
+            self._seconds = (self.own.seen, times)
+        return times
 
     @classmethod
     def from_stats(cls, s: DepthStats) -> RoundPolicy | None:
@@ -273,7 +308,7 @@ class RoundPolicy:
 
     @property
     def max_depth(self) -> int:
-        return len(self.seconds) - 1
+        return len(self.base) - 1
 
     def borrows(self, i: int) -> bool:
         """Whether position i, which the request never reached, borrows the estimate of
@@ -322,31 +357,17 @@ class RoundPolicy:
     def best(self, lowest: int = 0, highest: int | None = None) -> int:
         """The depth with the highest expected rate within [lowest, highest] (the
         shallower on a tie)."""
-        top = len(self.seconds) - 1 if highest is None else min(highest, len(self.seconds) - 1)
-        expected = self.expected_upto(top)
-        return max(range(lowest, top + 1), key=lambda k: (expected[k] / self.seconds[k], -k))
+        top = self.max_depth if highest is None else min(highest, self.max_depth)
+        expected, seconds = self.expected_upto(top), self.seconds
+        return max(range(lowest, top + 1), key=lambda k: (expected[k] / seconds[k], -k))
 
     def ratio(self, depth: int, seconds: float) -> float | None:
         """A round of `depth` (0: a plain token) that took `seconds`, over the seat's
-        figure of it as the request began; None where there is no such figure."""
+        figure of it as the request began (what `OwnTimes.observe` takes); None where
+        there is no such figure."""
         if not 0 <= depth < len(self.base) or self.base[depth] <= 0 or seconds <= 0:
             return None
         return seconds / self.base[depth]
-
-    def observe_ratio(self, whose: str, ratio: float) -> None:
-        """One of the request's rounds took `ratio` times its figure: a round by a
-        drafter (`whose`: MODEL or LOOKUP), or a plain token (PLAIN, timed as its
-        forward).  Every policy of the request takes each (its model drafter's, its
-        lookup's by class): its round times follow its own drafter's rounds, and the
-        other's only as far as `own_scale` borrows them."""
-        ratios = self.own.setdefault(whose, [])
-        ratios.append(ratio)
-        del ratios[:-OWN_WINDOW]
-        other = LOOKUP if self.drafter == MODEL else MODEL
-        self.seconds = own_times(self.base,
-                                 own_scale(self.own.get(self.drafter, ()),
-                                           self.own.get(other, ())),
-                                 own_scale(self.own.get(PLAIN, ()), ()))
 
     def observe(self, drafted: int, kept: int) -> None:
         self._expected.clear()

@@ -1055,27 +1055,23 @@ class Engine:
     def _alone_measured(self, row: Row, plan: StepPlan, parts: tuple[float, float, int] | None,
                         elapsed: float, steady: bool) -> None:
         """A request alone's step into its seat's cost model and depth figures, and into
-        its own policies' round times (`seatd.adaptive.RoundPolicy.observe_ratio`): a
+        its own times (`seatd.adaptive.OwnTimes`, which all its policies share): a
         round's time over its figure in the policy it drafted by, or a plain token's
-        (timed as its forward: `steady`), into every policy of the request, with whose
-        it was (the model drafter's, the lookup's, a plain token's)."""
+        (timed as its forward: `steady`), with whose it was (the model drafter's, the
+        lookup's, a plain token's)."""
         spec = row.work.spec
         if spec is None:
             return
         drafted = plan.depths[0] > 0
-        # (a lookup seat's policy is one of its classes': each policy once)
-        policies = list({id(p): p for p in (spec.policy, *(spec.lookup_policies or {}).values())
-                         if p is not None}.values())
         by, depth, whose = None, 0, PLAIN
         if drafted and row.draft.drafted:  # a round: over its figure where it drafted by
             by, depth = self._figures(row, spec)[1], row.draft.drafted
             whose = LOOKUP if self._by_class(row, spec) else MODEL
-        elif not drafted and steady and row.draft.speculating and policies:
-            by = policies[0]  # a plain token: every policy holds the same figure of it
+        elif not drafted and steady and row.draft.speculating:
+            by = spec.policy  # a plain token: every policy holds the same figure of it
         ratio = by.ratio(depth, elapsed) if by is not None else None
-        if ratio is not None:
-            for p in policies:
-                p.observe_ratio(whose, ratio)
+        if by is not None and ratio is not None:
+            by.own.observe(whose, ratio)  # one store, the request's policies' all
         costs = spec.costs
         if costs is not None and parts is not None and parts[2] > 1:
             by_lookup = row.draft.by_lookup or getattr(spec.drafter, "name", "") == "lookup"

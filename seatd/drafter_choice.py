@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
-from seatd.adaptive import LOOKUP, DepthStats, RoundPolicy, round_times
+from seatd.adaptive import LOOKUP, DepthStats, OwnTimes, RoundPolicy, round_times
 
 LOOKUP_MAX_DEPTH = 15  # a lookup round verifies at most 16 tokens
 # Tokens of a passed-over match of a class the request does not trust yet that, held,
@@ -134,9 +134,11 @@ def lookup_times(model_times: tuple[float, ...], stats: DepthStats,
 
 def lookup_policy(model_times: tuple[float, ...], stats: DepthStats,
                   estimate: Sequence[float | None] = (),
-                  rounds: DepthStats | None = None) -> RoundPolicy:
+                  rounds: DepthStats | None = None, own: OwnTimes | None = None) -> RoundPolicy:
     """A request's lookup policy for one match class: the seat's figures of the class
     (`stats`) as its prior acceptance; round times from `rounds`, the seat's lookup
-    rounds of every class (None: the class's own).  Pure."""
+    rounds of every class (None: the class's own), scaled by the request's own times
+    (`own`: the store its model drafter's policy holds; None: one of its own).  Pure."""
     times = lookup_times(model_times, rounds if rounds is not None else stats, estimate)
-    return RoundPolicy(times, tuple(stats.accept[: len(times) - 1]), drafter=LOOKUP)
+    return RoundPolicy(times, tuple(stats.accept[: len(times) - 1]), drafter=LOOKUP,
+                       own=own if own is not None else OwnTimes())

@@ -158,7 +158,7 @@ class SeatSpeculation:
             return Speculation(drafter, depth, stats, costs=self.costs)
         estimate = [self.costs.round(k, lookup=True) for k in range(LOOKUP_MAX_DEPTH + 1)]
         figures, rounds = self.lookup_stats[sampled], self.lookup_rounds[sampled]
-        policies = {n: lookup_policy(policy.seconds, s, estimate, rounds)
+        policies = {n: lookup_policy(policy.base, s, estimate, rounds, policy.own)
                     for n, s in figures.items()}
         # Classes the seat has drafted or judged enough rounds of: a request's first match
         # of one drafts at the seat's figures (its policy's prior, as of now); of any

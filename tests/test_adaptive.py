@@ -316,27 +316,26 @@ def test_a_request_whose_rounds_cost_more_than_its_seat_said_parks_on_its_own_ti
     from seatd.adaptive import LOOKUP, MODEL, OWN_TIMES, OWN_WINDOW, PLAIN
 
     p = RoundPolicy(BASE, (0.8,) * 6)
-    lookup = RoundPolicy(BASE, (0.8,) * 6, drafter=LOOKUP)
+    lookup = RoundPolicy(BASE, (0.8,) * 6, drafter=LOOKUP, own=p.own)  # one request's
     assert p.best() > 0
     for _ in range(OWN_TIMES):
         assert p.best() > 0
         ratio = p.ratio(6, 6 * BASE[6])
         assert ratio == pytest.approx(6)
-        for q in (p, lookup):
-            q.observe_ratio(MODEL, ratio)
+        p.own.observe(MODEL, ratio)
         p.observe(6, 4)
     assert p.best() == 0
     assert p.seconds[1:] == pytest.approx(tuple(6 * t for t in BASE[1:]))
     assert park_tokens(0, p.seconds) > park_tokens(0, BASE)
     assert lookup.seconds == pytest.approx(BASE)
     for _ in range(OWN_WINDOW):  # the device got faster again: the latest rounds decide
-        for q in (p, lookup):
-            q.observe_ratio(MODEL, p.ratio(3, BASE[3] / 2) or 0.0)
+        p.own.observe(MODEL, p.ratio(3, BASE[3] / 2) or 0.0)
     assert p.seconds[1:] == pytest.approx(tuple(t / 2 for t in BASE[1:])) and p.best() > 0
     assert lookup.seconds[1:] == pytest.approx(tuple(t / 2 for t in BASE[1:]))
-    for _ in range(OWN_TIMES):  # plain tokens move only the plain figure
-        p.observe_ratio(PLAIN, p.ratio(0, 2 * BASE[0]) or 0.0)
-    assert p.seconds[0] == pytest.approx(2 * BASE[0])
+    for _ in range(OWN_TIMES):  # plain tokens move only the plain figure, of both
+        p.own.observe(PLAIN, p.ratio(0, 2 * BASE[0]) or 0.0)
+    assert p.seconds[0] == lookup.seconds[0] == pytest.approx(2 * BASE[0])
     assert p.seconds[1:] == pytest.approx(tuple(t / 2 for t in BASE[1:]))
+    assert p.base == BASE  # the seat's figures as the request began
     # no time, or a depth it has no figure of, is no observation
     assert p.ratio(0, 0.0) is None and p.ratio(9, 1.0) is None
