@@ -147,20 +147,24 @@ def test_spec_results_are_named_by_model_and_depth(model: str, depth: int | None
     assert spec_stem(Options(model=model, draft_depth=depth)) == stem
 
 
-@pytest.mark.parametrize(("model", "temperature", "unseeded", "stem"), [
-    ("builtin:demo", 0.0, False, "batching"),
-    ("builtin:demo", 0.7, False, "batching-t0.7"),
-    ("builtin:demo", 0.7, True, "batching-t0.7-unseeded"),
-    ("builtin:demo", 0.0, True, "batching"),  # nothing is seeded at temperature 0
-    ("shape:8b", 0.0, False, "batching-shape-8b"),
-    ("shape:8b", 0.7, False, "batching-shape-8b-t0.7"),
+@pytest.mark.parametrize(("model", "temperature", "unseeded", "stem", "drafter"), [
+    ("builtin:demo", 0.0, False, "batching", None),
+    ("builtin:demo", 0.0, False, "batching-demo-drafter-weak", "builtin:demo-drafter-weak"),
+    ("shape:8b", 0.7, False, "batching-shape-8b-demo-drafter-weak-t0.7",
+     "builtin:demo-drafter-weak"),
+    ("builtin:demo", 0.7, False, "batching-t0.7", None),
+    ("builtin:demo", 0.7, True, "batching-t0.7-unseeded", None),
+    ("builtin:demo", 0.0, True, "batching", None),  # nothing is seeded at temperature 0
+    ("shape:8b", 0.0, False, "batching-shape-8b", None),
+    ("shape:8b", 0.7, False, "batching-shape-8b-t0.7", None),
 ])
-def test_batching_results_are_named_by_model_and_temperature(
-        model: str, temperature: float, unseeded: bool, stem: str) -> None:
+def test_batching_results_are_named_by_model_drafter_and_temperature(
+        model: str, temperature: float, unseeded: bool, stem: str, drafter: str | None) -> None:
     from sanctum.bench.batching import stem as batching_stem
 
+    extra = {"drafter": drafter} if drafter is not None else {}
     assert batching_stem(Options(model=model, temperature=temperature,
-                                 unseeded=unseeded)) == stem
+                                 unseeded=unseeded, **extra)) == stem
 
 
 def test_the_command_line_asks_for_unseeded_requests() -> None:

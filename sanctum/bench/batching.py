@@ -79,14 +79,17 @@ BOUND_LEVELS = (8, 16)
 
 
 def stem(opts: Options) -> str:
-    """batching, or batching-MODEL / batching-tT / batching-MODEL-tT for a run off the
-    default model or temperature; -unseeded after the temperature where our seats'
-    requests carry no seed.  Pure."""
+    """batching, or batching-MODEL / batching-DRAFTER / batching-tT (in that order) for a
+    run off the default model, drafter or temperature; -unseeded after the temperature
+    where our seats' requests carry no seed.  Pure.  (A run with another drafter once
+    wrote batching.json, over the default pair's.)"""
     from sanctum.bench.drafter_kinds import stem_part
 
     parts = ["batching"]
     if opts.model != Options().model:
         parts.append(stem_part(opts.model))
+    if opts.drafter != Options().drafter:
+        parts.append(stem_part(opts.drafter))
     if opts.temperature != 0:
         parts.append(f"t{opts.temperature:g}")
         if opts.unseeded:
