@@ -81,8 +81,8 @@ BOUND_LEVELS = (8, 16)
 def stem(opts: Options) -> str:
     """batching, or batching-MODEL / batching-DRAFTER / batching-tT (in that order) for a
     run off the default model, drafter or temperature; -unseeded after the temperature
-    where our seats' requests carry no seed.  Pure.  (A run with another drafter once
-    wrote batching.json, over the default pair's.)"""
+    where our seats' requests carry no seed: a run of another pair never writes over
+    the default pair's.  Pure."""
     from sanctum.bench.drafter_kinds import stem_part
 
     parts = ["batching"]
