@@ -97,7 +97,7 @@ def test_a_probe_due_while_a_prompt_joins_comes_once_it_has_joined() -> None:
     """Plain steps taken while a prompt joined count toward the next probe."""
     c = costs(p2=0.02, v2_4=0.05)
     wants = [(3, 2.5), (2, 2.0)]
-    for _ in range(PROBE_EVERY):
+    for _ in range(probe_every(0.02, 0.05)):
         assert plan_step(wants, 2, c, joining=True) == [0, 0]
         c.observe(2, 1, None)  # a step the prompt rode: counted, not timed
     assert plan_step(wants, 2, c, joining=True) == [0, 0]
@@ -105,8 +105,8 @@ def test_a_probe_due_while_a_prompt_joins_comes_once_it_has_joined() -> None:
 
 
 @pytest.mark.parametrize(("plain", "verify", "every", "why"), [
-    (0.02, 0.05, PROBE_EVERY, "a probe costing 1.5 plain steps: every PROBE_EVERY"),
-    (0.045, 0.426, 170, "measured at 16 rows on the CPU: 381 ms beyond / 5% of 45 ms"),
+    (0.02, 0.04, PROBE_EVERY, "a probe costing 1 plain step more: every PROBE_EVERY"),
+    (0.045, 0.426, 424, "measured at 16 rows on the CPU: 381 ms beyond / 2% of 45 ms"),
     (0.01, 0.02, PROBE_EVERY, "no dearer than PROBE_EVERY asks"),
     (0.001, 10.0, 1024, "at most PROBE_CAP"),
     (0.05, 0.04, PROBE_EVERY, "a verify no dearer than a plain step"),
@@ -130,7 +130,7 @@ def test_a_dear_losing_size_is_probed_seldom() -> None:
 def test_a_losing_size_is_probed_again() -> None:
     c = costs(p2=0.02, v2_4=0.05)
     wants = [(3, 2.5), (2, 2.0)]
-    for _ in range(PROBE_EVERY - 1):
+    for _ in range(probe_every(0.02, 0.05) - 1):
         c.observe(2, 1, 0.02)
         assert plan_step(wants, 2, c) == [0, 0]
     c.observe(2, 1, 0.02)
