@@ -35,7 +35,8 @@ PRIOR_ACCEPT = 0.6  # a position's acceptance before any round was seen
 PRIOR_WEIGHT = 2.0  # the seat's acceptance counts as this many rounds of the request's
 PARK_TOKENS = 8  # plain tokens between probe rounds while parked at depth 0 (at first)
 PARK_DOUBLINGS = 3  # a burst grows to at most PARK_TOKENS * 2**PARK_DOUBLINGS
-# A parked request's failed probes cost at most this share of its time: less than the 3%
+# A parked request's failed probes cost at most this share of its time (and a losing batch
+# size's, of the time between them: `seatd.batch_policy`): less than the 3%
 # the default seat may trail its own plain path by (it must serve >= 0.97x), so that
 # exploring alone cannot take it below; at 5%, a 128-token request on a GPU whose round
 # costs 6 plain tokens more than a token ran a failed probe, up to 5% of its time.

@@ -67,13 +67,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+# PROBE_SHARE: a losing size's probes cost at most this share of the time between them,
+# the same bound as a parked request's (`seatd.adaptive`)
+from seatd.adaptive import PROBE_SHARE
 from seatd.moving_average import moving
 
 ALPHA = 0.2  # weight of a new step time
 PROBE_EVERY = 64  # plain steps at one batch size between probes of a verify step
 SETTLED = 2  # timed plain steps of a size before a verify step is judged against them
-PROBE_SHARE = 0.02  # a losing size's probes cost at most this share of the time between
-# (below the 3% the default seat may trail its plain path by, as `seatd.adaptive`'s)
 PROBE_CAP = 1024  # ... with at most this many plain steps between two
 JOINING, NOT_PROFITABLE = "prompt_joining", "batch_not_profitable"  # why a step is plain
 
