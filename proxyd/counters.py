@@ -115,7 +115,8 @@ class ProxyCounters:
 # Seat values that are a state now, not a total: rendered as gauges.
 SEAT_GAUGES = ("prompt_cache_entries", "prompt_cache_bytes", "rows_active", "rows_queued",
                "kv_bytes", "incarnation", "loaded_bytes", "kv_budget_bytes",
-               "memory_budget_bytes", "idle_seconds")
+               "memory_budget_bytes", "idle_seconds", "mlx_active_bytes", "mlx_cache_bytes",
+               "mlx_peak_bytes")
 # A local seat's states (proxyd/seat_state.py), one gauge each: 1 for the one it is in.
 SEAT_STATES = ("ready", "loading", "down", "sleeping")
 

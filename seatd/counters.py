@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from seatd.memory import MLX_GAUGES
 from shared.caps import summarise
 from shared.private_files import write_private
 
@@ -81,7 +83,8 @@ class SeatCounters:
         self.started_at = time.time()
         # The prompt cache's state now (not totals: a new incarnation starts empty).
         self.gauges: dict[str, int] = {"prompt_cache_entries": 0, "prompt_cache_bytes": 0,
-                                       "rows_active": 0, "rows_queued": 0, "kv_bytes": 0}
+                                       "rows_active": 0, "rows_queued": 0, "kv_bytes": 0,
+                                       **dict.fromkeys(MLX_GAUGES, 0)}
         # The speculation cost model's terms now, in microseconds (`seatd.spec_costs`).
         self.spec_costs: dict[str, int] = {}
         self.device = ""  # what computes: backend and device name (`seatd.backend`)
@@ -162,6 +165,11 @@ class SeatCounters:
             for label, n in counted.items():
                 self.inc(name, n, label=str(label))
         self.gauges.update(rows_active=rows, rows_queued=queued, kv_bytes=kv_bytes)
+
+    def memory(self, held: Mapping[str, int]) -> None:
+        """What MLX holds now (`seatd.memory.mlx_memory`): gauges, as of the last
+        request's end."""
+        self.gauges.update({name: int(held[name]) for name in MLX_GAUGES if name in held})
 
     @staticmethod
     def _position(into: list[int], i: int, n: int) -> None:

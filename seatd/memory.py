@@ -13,7 +13,9 @@ keeps `kv_budget_mb` alone.
     kv_room(kv_budget, memory_budget, in_use)    the KV bytes rows and the prompt cache
         -> Room                                  may use, and why
 
-Pure; `in_use()` reads the process.
+    mlx_memory() -> {name: bytes}               what MLX holds now (the seat's gauges)
+
+Pure; `in_use()` and `mlx_memory()` read the process.
 """
 
 from __future__ import annotations
@@ -62,3 +64,19 @@ def in_use(backend: str) -> int:
 
         total += int(mx.get_active_memory())
     return total
+
+
+MLX_GAUGES = ("mlx_active_bytes", "mlx_cache_bytes", "mlx_peak_bytes")
+
+
+def mlx_memory() -> dict[str, int]:
+    """What MLX holds in this process now, by its own accounting: the buffers of live
+    arrays (`mlx_active_bytes`), freed buffers it keeps for reuse (`mlx_cache_bytes`),
+    and the most live at once since the process began (`mlx_peak_bytes`).  On a GPU a
+    process may hold more than these (what the driver and its libraries keep); set
+    beside the device's own figure for the process, they say whose memory it is."""
+    import mlx.core as mx
+
+    return {"mlx_active_bytes": int(mx.get_active_memory()),
+            "mlx_cache_bytes": int(mx.get_cache_memory()),
+            "mlx_peak_bytes": int(mx.get_peak_memory())}

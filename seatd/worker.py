@@ -583,6 +583,7 @@ class SeatWorker:
         if self.engine is not None:
             c.batch(self.engine.drain(), len(self.running), len(self.waiting),
                     self.engine.kv_bytes)
+            c.memory(memory.mlx_memory())
         if job.constrained:
             c.inc("constrained")
         if job.calls is not None:

@@ -224,6 +224,11 @@ def test_rows_per_step_from_the_seat_counters(before: dict[str, object],
     # the cost model's terms as the slot left them (gauges, not growth)
     ({"spec_cost_us": {"plain": 900}}, {"spec_cost_us": {"plain": 1300, "host": 8000}},
      {"cost_plain_us": 1300, "cost_host_us": 8000}),
+    # what MLX held as the slot left it, MiB (gauges; a seat that has none, nothing)
+    ({"mlx_active_bytes": 1 << 20},
+     {"mlx_active_bytes": 300 << 20, "mlx_cache_bytes": 12 << 20, "mlx_peak_bytes": 1 << 30},
+     {"mlx_active_mb": 300, "mlx_cache_mb": 12, "mlx_peak_mb": 1024}),
+    ({}, {"mlx_active_bytes": 0, "mlx_cache_bytes": 0}, {}),
 ])
 def test_where_the_engine_spent_a_slot_from_the_seat_counters(
         before: dict[str, object], after: dict[str, object], expected: dict[str, float]) -> None:
@@ -306,7 +311,10 @@ def test_the_bound_arm_runs_mlx_lm_forwards_in_a_process_it_stops() -> None:
             urllib.request.urlopen(req, timeout=60)
         assert refused.value.code == 400 and "prompt" in refused.value.read().decode()
     for got in (one, four):
-        assert set(got) == {"agg_tps", "prefill_ms", "step_ms"} and got["agg_tps"] > 0
+        assert set(got) == {"agg_tps", "prefill_ms", "step_ms", "mlx_active_mb",
+                            "mlx_cache_mb", "mlx_peak_mb"} and got["agg_tps"] > 0
+        # what MLX held: the weights and the run's cache at least, at most its peak
+        assert 0 < got["mlx_active_mb"] <= got["mlx_peak_mb"] and got["mlx_cache_mb"] >= 0
         # B rows of 4 tokens: the prefill's and 3 steps'.
         rows = 4 if got is four else 1
         assert got["agg_tps"] == pytest.approx(
@@ -433,3 +441,20 @@ def test_the_stage_table_gives_a_plain_step_by_stage_beside_the_bound() -> None:
                if x.startswith(f"| 4 | {PLAIN} | ") and x.count("|") == 8)
     assert [c.strip() for c in row.strip("|").split("|")][2:] == \
         ["0.80", "1.20", "0.10", "0.20", "1.50"]
+
+
+def test_the_memory_table_gives_what_mlx_held_in_each_process() -> None:
+    """The fourth table: what MLX held in each arm's process that says (live, cached,
+    peak, MiB); an arm that does not say (mlx_lm.server) has no row."""
+    from sanctum.bench.bound import BOUND
+
+    figures = {OURS: {"agg_tps": 96.0, "mlx_active_mb": 4330.0, "mlx_cache_mb": 512.0,
+                      "mlx_peak_mb": 16010.4},
+               BOUND: {"agg_tps": 200.0, "mlx_active_mb": 4400.0, "mlx_cache_mb": 9.0,
+                       "mlx_peak_mb": 5100.0}, MLX: {"agg_tps": 80.0}}
+    text = _rendered(figures, "c=8")
+    lines = text.splitlines()
+    head = lines.index("| clients | arm | live | cached | peak |")
+    rows = list(itertools.takewhile(lambda x: x.startswith("| "), lines[head + 2:]))
+    assert rows == [f"| 8 | {OURS} | 4,330 | 512 | 16,010 |",
+                    f"| 8 | {BOUND} | 4,400 | 9 | 5,100 |"]

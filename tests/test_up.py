@@ -128,6 +128,12 @@ def test_models_health_counters_metrics(up: Sanctum) -> None:
     # The batch's state is a gauge (from the seat's heartbeat), its steps a counter.
     assert '# TYPE sanctum_seat_rows_active gauge' in text
     assert 'sanctum_seat_kv_bytes{seat="demo"}' in text
+    # What MLX holds in the seat's process, by its own accounting, as gauges: the loaded
+    # model's arrays at least, never more live now than at its peak.
+    assert 0 < seat["mlx_active_bytes"] <= seat["mlx_peak_bytes"], seat
+    assert seat["mlx_cache_bytes"] >= 0
+    assert '# TYPE sanctum_seat_mlx_active_bytes gauge' in text
+    assert 'sanctum_seat_mlx_peak_bytes{seat="demo"}' in text
     assert 'sanctum_seat_batch_steps_total{label="1",seat="demo"}' in text
     assert 'sanctum_seat_batch_step_us_total{label="1",seat="demo"}' in text
     health = up.health()["seats"]["demo"]

@@ -418,7 +418,7 @@ def table(run: Run) -> list[str]:
                 f"| {_med(run, 'accelerated', arm, w, lambda x: f'{x:.0%}')} "
                 f"| {_med(run, 'mean_batch', arm, w, lambda x: f'{x:.2g}')} "
                 f"| {_med(run, 'step_ms', arm, w, lambda x: f'{x:.3g} ms')} |")
-    lines += engine_table(run, arms) + stage_table(run, arms)
+    lines += engine_table(run, arms) + stage_table(run, arms) + memory_table(run, arms)
     if PREFILL in run.workloads:
         lines += ["", f"{run.workloads[PREFILL]}:", "",
                   "| arm | rows decoding at arrival | inter-token p99 before | during "
@@ -514,6 +514,31 @@ def stage_table(run: Run, arms: Sequence[str]) -> list[str]:
             "first, second and fourth are the host's work a step.", "",
             "| clients | arm | graph | dispatch | wait | take | bound's step |",
             "|---|---|---|---|---|---|---|", *rows]
+
+
+def memory_table(run: Run, arms: Sequence[str]) -> list[str]:
+    """Per level and arm that says (our seats and the bound), what MLX held in its
+    process as the slot left it, MiB: live arrays, freed buffers kept for reuse, and the
+    most live at once (a seat's since it started, the bound's in that run); medians of
+    the measured rounds.  Nothing for a run whose arms did not say."""
+    names = ("mlx_active_mb", "mlx_cache_mb", "mlx_peak_mb")
+    rows = []
+    for c in levels(run):
+        w = f"c={c}"
+        for arm in arms:
+            if not any(figure_values(run.samples, n, arm, w) for n in names):
+                continue
+            cells = [_med(run, n, arm, w, lambda x: f"{x:,.0f}") for n in names]
+            rows.append(f"| {c} | {arm} | {' | '.join(cells)} |")
+    if not rows:
+        return []
+    return ["", "What MLX held in each process as the slot left it, MiB, by its own "
+            "accounting (medians over the measured rounds): live arrays, freed buffers it "
+            "keeps for reuse, and the most live at once (a seat's since it started, the "
+            "bound's in that slot).  A device's own figure for a process above their sum "
+            "is memory MLX does not count.", "",
+            "| clients | arm | live | cached | peak |",
+            "|---|---|---|---|---|", *rows]
 
 
 def plot(run: Run, path: Path, plt: Any) -> bool:

@@ -16,6 +16,9 @@ this one is its own work.
                 (the B prompts go in as one batched forward: the cheapest way in)
     prefill_ms  the prefill and the first token
     step_ms     milliseconds per decode step of all B rows after it
+    mlx_*_mb    what MLX held in the process after it (live arrays, freed buffers kept
+                for reuse) and the most live at once during it, MiB: as a seat's
+                `mlx_*_bytes` gauges, beside the device's figure for the process
 
 Served over a small HTTP endpoint so the interleaved schedule can call it like any
 other arm (`BoundArm`), and stopped and proven stopped like them
@@ -32,6 +35,7 @@ import json
 import os
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -39,6 +43,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 from sanctum.bench.concurrent import PREFILL
+from seatd.memory import MB
 
 BOUND = "bound"
 REQUEST_TIMEOUT_S = 600.0
@@ -52,6 +57,7 @@ def decode_loop(model: Any, prompt: Sequence[int], batch: int, tokens: int) -> d
 
     cache = make_prompt_cache(model)
     x = mx.array([list(prompt)] * batch)
+    mx.reset_peak_memory()
     started = time.perf_counter()
     logits = model(x, cache=cache)
     y = mx.argmax(logits[:, -1, :], axis=-1)  # the first token, as a server's
@@ -65,7 +71,10 @@ def decode_loop(model: Any, prompt: Sequence[int], batch: int, tokens: int) -> d
     ended = time.perf_counter()
     return {"agg_tps": batch * tokens / (ended - started),
             "prefill_ms": 1e3 * (prefilled - started),
-            "step_ms": 1e3 * (ended - prefilled) / max(1, tokens - 1)}
+            "step_ms": 1e3 * (ended - prefilled) / max(1, tokens - 1),
+            "mlx_active_mb": mx.get_active_memory() / MB,
+            "mlx_cache_mb": mx.get_cache_memory() / MB,
+            "mlx_peak_mb": mx.get_peak_memory() / MB}
 
 
 def serve(model_dir: str, port: int) -> None:
@@ -92,8 +101,11 @@ def serve(model_dir: str, port: int) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 got = decode_loop(model, [int(t) for t in body["prompt"]],
                                   int(body["batch"]), int(body["tokens"]))
-            except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            except (ValueError, KeyError, TypeError) as exc:  # a request it cannot run
                 self._send(400, {"error": repr(exc)})
+                return
+            except RuntimeError as exc:  # MLX failed it (out of memory, a kernel)
+                self._send(500, {"error": repr(exc)})
                 return
             self._send(200, got)
 
@@ -135,8 +147,11 @@ class BoundArm:
                            "prompt": self.prompt}).encode()
         req = urllib.request.Request(self.url + "/run", body,
                                      {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
-            got = json.loads(r.read())
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
+                got = json.loads(r.read())
+        except urllib.error.HTTPError as exc:  # its reason, as the other arms give theirs
+            raise RuntimeError(f"HTTP {exc.code}: {exc.read()[:300]!r}") from exc
         return {k: float(v) for k, v in got.items()}
 
 

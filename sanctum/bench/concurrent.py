@@ -50,6 +50,7 @@ from urllib.parse import urlparse
 
 from sanctum.bench.stats import quantile
 from sanctum.bench.workloads import Workload
+from seatd.memory import MB, MLX_GAUGES
 
 PREFILL = "prefill among 7"
 ROWS = 7
@@ -174,7 +175,9 @@ def part_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, flo
     prompt lookup's round cost apart); and the seat's speculation cost model as the slot
     left it (`cost_{term}_us`, from `spec_cost_us`: what a plain token, a verify, a
     drafter step and a round's host work cost by its own measure, which decides whether
-    it drafts).  Pure; nothing when the seat does not count them."""
+    it drafts); and what MLX held in the seat's process as the slot left it
+    (`mlx_active_mb`, `mlx_cache_mb`, `mlx_peak_mb`, from its `mlx_*_bytes` gauges).
+    Pure; nothing when the seat does not count them."""
     out: dict[str, float] = {}
     for name, suffix, scale in (("engine_us", "_ms", 1e-3), ("engine_calls", "_calls", 1.0)):
         out |= {f"{part}{suffix}": n * scale for part, n in _grown(before, after, name).items()}
@@ -185,6 +188,8 @@ def part_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, flo
             for stage, n in _grown(before, after, "plain_step_us").items()}
     out |= {f"{drafter}_rounds": float(n) for drafter, n
             in _grown(before, after, "spec_drafts_by_drafter").items()}
+    out |= {f"{name.removesuffix('_bytes')}_mb": after[name] / MB for name in MLX_GAUGES
+            if isinstance(after.get(name), int) and after[name] > 0}
     costs = after.get("spec_cost_us")
     return out | ({f"cost_{term}_us": float(us) for term, us in costs.items()}
                   if isinstance(costs, dict) else {})
