@@ -445,16 +445,96 @@ def test_the_stage_table_gives_a_plain_step_by_stage_beside_the_bound() -> None:
 
 def test_the_memory_table_gives_what_mlx_held_in_each_process() -> None:
     """The fourth table: what MLX held in each arm's process that says (live, cached,
-    peak, MiB); an arm that does not say (mlx_lm.server) has no row."""
+    peak, MiB), and the driver's figure where there was one; an arm with neither (the
+    plain seat here) has no row."""
+    from sanctum.bench.batching import PLAIN
     from sanctum.bench.bound import BOUND
 
     figures = {OURS: {"agg_tps": 96.0, "mlx_active_mb": 4330.0, "mlx_cache_mb": 512.0,
-                      "mlx_peak_mb": 16010.4},
+                      "mlx_peak_mb": 16010.4, "device_mb": 38370.0},
                BOUND: {"agg_tps": 200.0, "mlx_active_mb": 4400.0, "mlx_cache_mb": 9.0,
-                       "mlx_peak_mb": 5100.0}, MLX: {"agg_tps": 80.0}}
+                       "mlx_peak_mb": 5100.0},
+               MLX: {"agg_tps": 80.0, "device_mb": 8082.0}, PLAIN: {"agg_tps": 90.0}}
     text = _rendered(figures, "c=8")
     lines = text.splitlines()
-    head = lines.index("| clients | arm | live | cached | peak |")
+    head = lines.index("| clients | arm | live | cached | peak | driver's |")
     rows = list(itertools.takewhile(lambda x: x.startswith("| "), lines[head + 2:]))
-    assert rows == [f"| 8 | {OURS} | 4,330 | 512 | 16,010 |",
-                    f"| 8 | {BOUND} | 4,400 | 9 | 5,100 |"]
+    assert sorted(rows) == sorted([f"| 8 | {OURS} | 4,330 | 512 | 16,010 | 38,370 |",
+                                   f"| 8 | {BOUND} | 4,400 | 9 | 5,100 | - |",
+                                   f"| 8 | {MLX} | - | - | - | 8,082 |"])
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("3089, 38370 MiB\n3090, 15654 MiB\n", {3089: 38370.0, 3090: 15654.0}),
+    ("12, [N/A]\n13, 2 GiB\n", {13: 2048.0}),  # one the driver cannot measure: left out
+    ("", {}),
+    ("No running processes found\n", {}),
+])
+def test_the_drivers_per_process_lines_as_mib(text: str, want: dict[int, float]) -> None:
+    from sanctum.bench.device_memory import parse_apps
+
+    assert parse_apps(text) == want
+
+
+@pytest.mark.parametrize(("answer", "pids", "want"), [
+    ("3089, 38370 MiB\n3090, 15654 MiB\n3053, 518 MiB\n", {3089, 3053}, 38888.0),
+    ("3089, 38370 MiB\n", {4000}, None),  # none of them holds device memory
+    (None, {3089}, None),  # no driver query on this machine, or it failed
+])
+def test_device_mib_sums_the_arms_processes(answer: str | None, pids: set[int],
+                                            want: float | None) -> None:
+    from sanctum.bench.device_memory import device_mib
+
+    assert device_mib(pids, query=lambda: answer) == want
+
+
+def test_an_arm_with_device_memory_adds_the_drivers_figure_to_measured_slots() -> None:
+    from sanctum.bench.device_memory import WithDeviceMemory
+
+    asked: list[set[int]] = []
+
+    def mib(pids: object) -> float | None:
+        asked.append(set(pids))  # type: ignore[call-overload]
+        return 512.0 if asked[-1] else None
+
+    arm = WithDeviceMemory(lambda name: {"agg_tps": 9.0} if name != "skip" else {},
+                           lambda: {41}, mib)
+    assert arm("c=1") == {"agg_tps": 9.0, "device_mb": 512.0}
+    assert arm("skip") == {} and asked == [{41}]  # a slot it does not measure: not asked
+    nobody = WithDeviceMemory(lambda name: {"agg_tps": 9.0}, lambda: set(), mib)
+    assert nobody("c=1") == {"agg_tps": 9.0}  # no figure: nothing added
+
+
+def test_listening_finds_the_child_serving_a_port_and_its_children() -> None:
+    """A real child process serving a port, and one that is not: only the first, with
+    its own child, is named; nothing is left running."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from sanctum.bench import servers
+    from sanctum.bench.device_memory import listening
+
+    port = servers.free_port()
+    code = ("import http.server, subprocess, sys; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"s = http.server.HTTPServer(('127.0.0.1', {port}), "
+            "http.server.BaseHTTPRequestHandler); print(c.pid, flush=True); "
+            "s.serve_forever()")
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    started = [psutil.Process(server.pid), psutil.Process(idle.pid)]
+    try:
+        assert server.stdout is not None
+        started.append(psutil.Process(int(server.stdout.readline())))
+        servers.wait_until(servers.Proc("s", server, Path("/dev/null"), {server.pid}),
+                           lambda: bool(listening(port)), 30)
+        assert listening(port) == {server.pid, started[2].pid}
+        assert listening(servers.free_port()) == set()
+    finally:
+        for p in reversed(started):
+            p.kill()
+        server.wait()
+        idle.wait()
+    assert not psutil.wait_procs(started, timeout=30)[1]  # none left running

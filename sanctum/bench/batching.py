@@ -41,9 +41,10 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
+from sanctum.bench import device_memory, servers
 from sanctum.bench import options as O
-from sanctum.bench import servers
 from sanctum.bench.bound import BOUND, BoundArm, bound_server
 from sanctum.bench.concurrent import (
     CLIENT_TIMEOUT_S,
@@ -212,6 +213,14 @@ def batching(opts: Options) -> Run:
                     BoundArm(burl, bound_prompt(tokenizer, short), tokens)),
         }
         arms = {n: a for n, a in arms.items() if n in keep}
+        if device_memory.available():
+            # the driver's figure for each arm's processes, beside MLX's own
+            ours = {OURS: "bench", PLAIN: "plain"}
+            ports = {MLX: murl, MLX_DRAFT: durl, BOUND: burl}
+            arms = {n: (d, device_memory.WithDeviceMemory(
+                        m, _seat_pid(url, ours[n]) if n in ours
+                        else _served_by(ports[n])))
+                    for n, (d, m) in arms.items()}
         names = [n for n in [f"c={c}" for c in clients] + [PREFILL]
                  if not opts.workloads or n in opts.workloads]
         run_id = new_run_id()
@@ -254,6 +263,16 @@ def batching(opts: Options) -> Run:
               samples, notes, extra={"clients": clients, "tokens": tokens, "temperature": t})
     print("\n".join(table(run)), flush=True)
     return run
+
+
+def _seat_pid(url: str, seat: str) -> Callable[[], set[int]]:
+    """Our seat's worker process now (a restarted worker has a new pid)."""
+    return lambda: {int(servers.get_health(url + "/health")["seats"][seat]["pid"])}
+
+
+def _served_by(url: str | None) -> Callable[[], set[int]]:
+    port = urlparse(url).port if url else None
+    return lambda: device_memory.listening(port) if port else set()
 
 
 def _weights_note(model: str) -> str:
@@ -519,9 +538,11 @@ def stage_table(run: Run, arms: Sequence[str]) -> list[str]:
 def memory_table(run: Run, arms: Sequence[str]) -> list[str]:
     """Per level and arm that says (our seats and the bound), what MLX held in its
     process as the slot left it, MiB: live arrays, freed buffers kept for reuse, and the
-    most live at once (a seat's since it started, the bound's in that run); medians of
-    the measured rounds.  Nothing for a run whose arms did not say."""
-    names = ("mlx_active_mb", "mlx_cache_mb", "mlx_peak_mb")
+    most live at once (a seat's since it started, the bound's in that run); and, on an
+    NVIDIA card, what its driver said the arm's processes held (every arm,
+    `sanctum.bench.device_memory`); medians of the measured rounds.  Nothing for a run
+    whose arms did not say."""
+    names = ("mlx_active_mb", "mlx_cache_mb", "mlx_peak_mb", "device_mb")
     rows = []
     for c in levels(run):
         w = f"c={c}"
@@ -535,10 +556,11 @@ def memory_table(run: Run, arms: Sequence[str]) -> list[str]:
     return ["", "What MLX held in each process as the slot left it, MiB, by its own "
             "accounting (medians over the measured rounds): live arrays, freed buffers it "
             "keeps for reuse, and the most live at once (a seat's since it started, the "
-            "bound's in that slot).  A device's own figure for a process above their sum "
-            "is memory MLX does not count.", "",
-            "| clients | arm | live | cached | peak |",
-            "|---|---|---|---|---|", *rows]
+            "bound's in that slot); and on an NVIDIA card the driver's figure for the "
+            "arm's processes (nvidia-smi).  The driver's figure above the first two "
+            "together is memory MLX does not count.", "",
+            "| clients | arm | live | cached | peak | driver's |",
+            "|---|---|---|---|---|---|", *rows]
 
 
 def plot(run: Run, path: Path, plt: Any) -> bool:
