@@ -538,3 +538,38 @@ def test_listening_finds_the_child_serving_a_port_and_its_children() -> None:
         server.wait()
         idle.wait()
     assert not psutil.wait_procs(started, timeout=30)[1]  # none left running
+
+
+@pytest.mark.parametrize(("names", "rounds", "batch_rounds", "warmup", "refused"), [
+    (["batching"], 6, 2, 1, None),
+    (["batching"], 6, 1, 1, "batching"),  # the 8B-shape run's slip: refused at once
+    (["spec"], 1, 3, 1, "spec"),
+    (["spec"], 6, 1, 1, None),  # batching's rounds are not spec's
+    (["flips", "rules"], 1, 1, 1, None),  # no interleaved rounds to count
+    (["stack", "batching"], 6, 3, -1, "stack"),
+])
+def test_rounds_that_leave_no_measured_round_are_refused_before_anything_starts(
+        names: list[str], rounds: int, batch_rounds: int, warmup: int,
+        refused: str | None) -> None:
+    from sanctum.bench.cli import rounds_refusal
+    from sanctum.bench.options import Options
+
+    why = rounds_refusal(names, Options(rounds=rounds, batch_rounds=batch_rounds,
+                                        warmup=warmup))
+    assert (why is None) if refused is None else (why or "").startswith(f"{refused}: ")
+
+
+def test_the_command_refuses_rounds_without_a_measured_one_before_any_server() -> None:
+    import subprocess
+    import sys
+
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    done = subprocess.run([sys.executable, "-m", "sanctum.cli", "bench", "run", "batching",
+                           "--rounds", "1", "--warmup", "1"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert "needs more rounds than --warmup (rounds 1, warm-up 1)" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before

@@ -29,6 +29,23 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+UNSCHEDULED = ("rules", "flips", "neighbours", "wake")  # no interleaved rounds to count
+
+
+def rounds_refusal(names: list[str], opts: Options) -> str | None:
+    """Why the comparisons `names` cannot run with `opts`' rounds, if they cannot: each
+    scheduled one needs more rounds, its warm-up included (`--rounds`; batching's default
+    is its own), than warm-up rounds.  Pure."""
+    for name in names:
+        if name in UNSCHEDULED:
+            continue
+        rounds = opts.batch_rounds if name == "batching" else opts.rounds
+        if opts.warmup < 0 or rounds <= opts.warmup:
+            return (f"{name}: --rounds counts the warm-up, so it needs more rounds than "
+                    f"--warmup (rounds {rounds}, warm-up {opts.warmup})")
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sanctum.bench.batching import kept_arms
     from sanctum.bench.comparisons import COMPARISONS
@@ -61,6 +78,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"sanctum bench: {exc}", file=sys.stderr)
         return 2
     names = list(COMPARISONS) if args.comparison == "all" else [args.comparison]
+    refused = rounds_refusal(names, opts)
+    if refused:  # the schedule would refuse it only after the servers and models are up
+        print(f"sanctum bench: {refused}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     for name in names:
         print(f"sanctum bench: {name}", file=sys.stderr, flush=True)
