@@ -504,6 +504,12 @@ def test_an_arm_with_device_memory_adds_the_drivers_figure_to_measured_slots() -
     nobody = WithDeviceMemory(lambda name: {"agg_tps": 9.0}, lambda: set(), mib)
     assert nobody("c=1") == {"agg_tps": 9.0}  # no figure: nothing added
 
+    def gone() -> set[int]:  # the seat's /health had no pid (a worker restarting)
+        return {int(None)}  # type: ignore[call-overload]
+
+    lost = WithDeviceMemory(lambda name: {"agg_tps": 9.0}, gone, mib)
+    assert lost("c=1") == {"agg_tps": 9.0}  # the slot's figures stand without it
+
 
 def test_listening_finds_the_child_serving_a_port_and_its_children() -> None:
     """A real child process serving a port, and one that is not: only the first, with

@@ -99,6 +99,6 @@ class WithDeviceMemory:
             return out
         try:
             held = self.mib(self.pids())
-        except (OSError, ValueError, KeyError, psutil.Error):
+        except (OSError, ValueError, KeyError, TypeError, psutil.Error):
             held = None
         return out if held is None else out | {"device_mb": held}
