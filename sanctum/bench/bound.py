@@ -42,8 +42,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
-from sanctum.bench.concurrent import PREFILL
-from seatd.memory import MB
+from sanctum.bench.concurrent import PREFILL, mlx_figures
+from seatd.memory import mlx_memory
 
 BOUND = "bound"
 REQUEST_TIMEOUT_S = 600.0
@@ -72,9 +72,7 @@ def decode_loop(model: Any, prompt: Sequence[int], batch: int, tokens: int) -> d
     return {"agg_tps": batch * tokens / (ended - started),
             "prefill_ms": 1e3 * (prefilled - started),
             "step_ms": 1e3 * (ended - prefilled) / max(1, tokens - 1),
-            "mlx_active_mb": mx.get_active_memory() / MB,
-            "mlx_cache_mb": mx.get_cache_memory() / MB,
-            "mlx_peak_mb": mx.get_peak_memory() / MB}
+            **mlx_figures(mlx_memory())}
 
 
 def serve(model_dir: str, port: int) -> None:

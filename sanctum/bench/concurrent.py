@@ -188,11 +188,17 @@ def part_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, flo
             for stage, n in _grown(before, after, "plain_step_us").items()}
     out |= {f"{drafter}_rounds": float(n) for drafter, n
             in _grown(before, after, "spec_drafts_by_drafter").items()}
-    out |= {f"{name.removesuffix('_bytes')}_mb": after[name] / MB for name in MLX_GAUGES
-            if isinstance(after.get(name), int) and after[name] > 0}
+    out |= mlx_figures({k: v for k, v in after.items() if v})  # 0: not yet counted
     costs = after.get("spec_cost_us")
     return out | ({f"cost_{term}_us": float(us) for term, us in costs.items()}
                   if isinstance(costs, dict) else {})
+
+
+def mlx_figures(gauges: dict[str, Any]) -> dict[str, float]:
+    """MLX's memory gauges (`seatd.memory.MLX_GAUGES`, bytes) as figures in MiB
+    (`mlx_active_mb`, ...), those given.  Pure."""
+    return {f"{name.removesuffix('_bytes')}_mb": gauges[name] / MB for name in MLX_GAUGES
+            if isinstance(gauges.get(name), int)}
 
 
 def seat_counters(base_url: str, seat: str) -> dict[str, Any]:
