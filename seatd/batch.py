@@ -112,6 +112,7 @@ from seatd.engine_types import (
     Speculation,
     make_cache,
 )
+from seatd.idle_trim import IdleTrim
 from seatd.kv_budget import KVBudget
 from seatd.moving_average import moving
 from seatd.prefill_rows import (
@@ -350,6 +351,11 @@ class Engine:
         # Work for the thread when no request has any (`seatd.warm_shapes.Warming.step`):
         # one short step a call, False once done.  A request then waits one such step.
         self.idle: Callable[[], bool] | None = None
+        # MLX's freed buffers handed back after a pause (`seatd.idle_trim`), timed by
+        # `clock`; `on_trim` is told (on this thread) each time it happened.
+        self.trim = IdleTrim()
+        self.clock: Callable[[], float] = time.monotonic
+        self.on_trim: Callable[[], None] | None = None
 
     # -- the worker's side (any thread): `seatd.engine_io` ----------------------
 
@@ -398,9 +404,25 @@ class Engine:
                 busy = True
             if not busy and self.idle is not None:
                 busy = self._idle_step(self.idle)
-            if not busy:
-                self.wake.wait(0.05)
-                self.wake.clear()
+            if busy:
+                self.trim.busy()
+                continue
+            if self.trim.idle(self.clock()):
+                self._trim()
+            self.wake.wait(0.05)
+            self.wake.clear()
+
+    def _trim(self) -> None:
+        """MLX's freed buffers back to the device (`seatd.idle_trim`); a failure is
+        logged, never the engine's."""
+        try:
+            held = mx.get_cache_memory()
+            mx.clear_cache()
+            log.info("mlx_cache_trimmed", freed_mb=round(held / 2**20, 1))
+            if self.on_trim is not None:
+                self.on_trim()
+        except Exception as exc:
+            log.warning("mlx_cache_trim_failed", error=repr(exc))
 
     def _idle_step(self, idle: Callable[[], bool]) -> bool:
         """One step of the idle work, between requests' steps; its end, or its error

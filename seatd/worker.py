@@ -628,6 +628,19 @@ class SeatWorker:
             stop_sequence=result.stop_sequence or "",
         )
 
+    def trimmed(self) -> None:
+        """The engine handed MLX's freed buffers back (`seatd.idle_trim`; called on the
+        MLX thread): the seat's MLX gauges say so now, not at the next request's end."""
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self.memory_now)
+
+    def memory_now(self) -> None:
+        self.counters.memory(memory.mlx_memory())
+        try:
+            self.counters.persist()
+        except OSError as exc:
+            log.error("counters_not_saved", error=str(exc))
+
     # -- lifecycle --------------------------------------------------------
 
     def begin_drain(self, drain_s: float) -> None:
@@ -690,6 +703,7 @@ class SeatWorker:
                      device=device_name())
             assert self.loaded.engine is not None
             engine = self.loaded.engine
+            engine.on_trim = self.trimmed
             server = self.loop.run_in_executor(self.mlx, engine.run)
             preparer = self.loop.create_task(self.prepared())
             await self.stopped.wait()

@@ -141,6 +141,30 @@ def test_models_health_counters_metrics(up: Sanctum) -> None:
     assert isinstance(health["rows"], int) and isinstance(health["kv_bytes"], int)
 
 
+def test_idle_seat_hands_back_mlx_cache(up: Sanctum, client: openai.OpenAI) -> None:
+    """The default seat, idle for `seatd.idle_trim.AFTER_S`, hands MLX's freed buffers
+    back without another request (its gauge reads 0, its log says how much), and a seeded
+    answer after that is the one before it, byte for byte."""
+    def seat() -> dict[str, int]:
+        return dict(json.loads(http("GET", up.url + "/counters")[2])["seats"]["demo"])
+
+    def trims() -> list[float]:  # each trim's freed MiB, from the seat's log
+        lines = (json.loads(line) for line in up.logs().splitlines()
+                 if '"mlx_cache_trimmed"' in line)
+        return [float(e["freed_mb"]) for e in lines if e.get("event") == "mlx_cache_trimmed"]
+
+    args: dict[str, object] = dict(model="demo", messages=PROMPT, max_tokens=32,
+                                   temperature=0.7, seed=77)
+    earlier = len(trims())
+    before = client.chat.completions.create(**args)  # type: ignore[call-overload]
+    freed = wait_for("the idle seat's MLX cache handed back",
+                     lambda: trims()[earlier:], timeout=60, logs=up.logs)
+    assert freed[0] > 0, "the request left nothing cached: nothing was shown"
+    assert seat()["mlx_cache_bytes"] == 0
+    after = client.chat.completions.create(**args)  # type: ignore[call-overload]
+    assert after.choices[0].message.content == before.choices[0].message.content
+
+
 def test_killed_worker_is_restarted_and_serves_again(up: Sanctum,
                                                      client: openai.OpenAI) -> None:
     """SIGKILL of the worker: seatd restarts it, `served` continues, incarnation goes up."""
