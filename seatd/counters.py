@@ -168,7 +168,7 @@ class SeatCounters:
 
     def memory(self, held: Mapping[str, int]) -> None:
         """What MLX holds now (`seatd.memory.mlx_memory`): gauges, as of the last
-        request's end."""
+        request's end or idle trim (`seatd.idle_trim`)."""
         self.gauges.update({name: int(held[name]) for name in MLX_GAUGES if name in held})
 
     @staticmethod

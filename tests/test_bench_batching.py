@@ -229,6 +229,9 @@ def test_rows_per_step_from_the_seat_counters(before: dict[str, object],
      {"mlx_active_bytes": 300 << 20, "mlx_cache_bytes": 12 << 20, "mlx_peak_bytes": 1 << 30},
      {"mlx_active_mb": 300, "mlx_cache_mb": 12, "mlx_peak_mb": 1024}),
     ({}, {"mlx_active_bytes": 0, "mlx_cache_bytes": 0}, {}),
+    # a seat whose cache an idle trim handed back: 0 MiB cached, a figure
+    ({}, {"mlx_active_bytes": 200 << 20, "mlx_cache_bytes": 0, "mlx_peak_bytes": 1 << 30},
+     {"mlx_active_mb": 200, "mlx_cache_mb": 0, "mlx_peak_mb": 1024}),
 ])
 def test_where_the_engine_spent_a_slot_from_the_seat_counters(
         before: dict[str, object], after: dict[str, object], expected: dict[str, float]) -> None:

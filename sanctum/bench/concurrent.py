@@ -188,7 +188,8 @@ def part_figures(before: dict[str, Any], after: dict[str, Any]) -> dict[str, flo
             for stage, n in _grown(before, after, "plain_step_us").items()}
     out |= {f"{drafter}_rounds": float(n) for drafter, n
             in _grown(before, after, "spec_drafts_by_drafter").items()}
-    out |= mlx_figures({k: v for k, v in after.items() if v})  # 0: not yet counted
+    if after.get("mlx_active_bytes"):  # counted (a loaded model is live); 0 cached is real
+        out |= mlx_figures(after)
     costs = after.get("spec_cost_us")
     return out | ({f"cost_{term}_us": float(us) for term, us in costs.items()}
                   if isinstance(costs, dict) else {})
