@@ -327,13 +327,14 @@ class SeatWorker:
         self.loaded_bytes = memory.in_use(backend())
         budget = seat.memory_budget_mb * MB if seat.memory_budget_mb else None
         room = memory.kv_room(seat.kv_budget_mb * MB, budget, self.loaded_bytes)
-        if budget is not None:
-            # Freed buffers MLX keeps for reuse count in the process's memory: a quarter
-            # of the headroom, the rest for a step's live activations.
-            mx.set_cache_limit(room.headroom // 4)
+        # Freed buffers MLX keeps for reuse count in the process's memory, and on a GPU
+        # in every other process's: bounded by the seat's own figures.
+        cache_limit = memory.cache_limit(room)
+        mx.set_cache_limit(cache_limit)
         self.memory_budget_bytes, self.kv_budget_bytes = budget or 0, room.kv
         log.info("memory_budget", loaded_mb=round(self.loaded_bytes / MB, 1),
                  kv_mb=round(room.kv / MB, 1), headroom_mb=round(room.headroom / MB, 1),
+                 cache_limit_mb=round(cache_limit / MB, 1),
                  memory_budget_mb=seat.memory_budget_mb, limited=room.limited)
         return KVBudget(room.kv, min(seat.prompt_cache_mb * MB, room.kv), cache.hold)
 

@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 import seatd.batch
-from seatd.memory import MB, headroom, kv_room
+from seatd.memory import CACHE_FLOOR, MB, Room, cache_limit, headroom, kv_room
 from tests.procs import Sanctum, http, running
 
 pytestmark = pytest.mark.slow
@@ -60,6 +60,17 @@ def test_kv_room_counts_the_loaded_model_and_a_headroom(
         kv: int, memory: int | None, loaded: int, want: tuple[int, int, bool]) -> None:
     room = kv_room(kv, memory, loaded)
     assert (room.kv, room.headroom, room.limited) == want
+
+
+@pytest.mark.parametrize(("room", "want"), [
+    (Room(2048 * MB, 0, False), 2048 * MB),  # no memory budget: the rows' KV bytes
+    (Room(64 * MB, 0, False), CACHE_FLOOR),  # ... at least the floor
+    (Room(917 * MB, 131 * MB, True), 131 * MB // 4),  # a budget: a quarter of the headroom
+    (Room(0, 64 * MB, True), 16 * MB),
+])
+def test_cache_limit_bounds_freed_buffers_by_the_seats_own_figures(room: Room,
+                                                                    want: int) -> None:
+    assert cache_limit(room) == want
 
 
 def test_headroom_is_an_eighth_within_bounds() -> None:

@@ -13,6 +13,8 @@ import psutil
 import pytest
 
 from seatd.backend import backend
+from seatd.memory import MB, cache_limit, kv_room
+from shared.config import SeatConfig
 from tests.procs import Sanctum, assert_gone, http, running, wait_for
 
 pytestmark = pytest.mark.slow
@@ -163,6 +165,19 @@ def test_idle_seat_hands_back_mlx_cache(up: Sanctum, client: openai.OpenAI) -> N
     assert seat()["mlx_cache_bytes"] == 0
     after = client.chat.completions.create(**args)  # type: ignore[call-overload]
     assert after.choices[0].message.content == before.choices[0].message.content
+
+
+def test_default_seat_bounds_mlx_cache_by_its_kv_budget(up: Sanctum) -> None:
+    """A seat without a memory budget still bounds the freed buffers MLX keeps
+    (`seatd.memory.cache_limit`: its KV bytes, not MLX's 95% of the device), as its log
+    says once loaded."""
+    events = [json.loads(line) for line in up.logs().splitlines() if '"memory_budget"' in line]
+    seat = [e for e in events if e.get("event") == "memory_budget"]
+    assert seat, "the seat never logged its memory figures"
+    kv_mb = float(seat[-1]["kv_mb"])
+    assert kv_mb == float(SeatConfig(name="demo", model="builtin:demo").kv_budget_mb)
+    want = cache_limit(kv_room(int(kv_mb * MB), None, 0)) / MB
+    assert float(seat[-1]["cache_limit_mb"]) == want
 
 
 def test_killed_worker_is_restarted_and_serves_again(up: Sanctum,
