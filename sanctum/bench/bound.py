@@ -18,7 +18,8 @@ this one is its own work.
     step_ms     milliseconds per decode step of all B rows after it
     mlx_*_mb    what MLX held in the process after it (live arrays, freed buffers kept
                 for reuse) and the most live at once during it, MiB: as a seat's
-                `mlx_*_bytes` gauges, beside the device's figure for the process
+                `mlx_*_bytes` gauges, beside the device's figure for the process; then
+                the freed buffers are handed back, as an idle seat's are
 
 Served over a small HTTP endpoint so the interleaved schedule can call it like any
 other arm (`BoundArm`), and stopped and proven stopped like them
@@ -78,6 +79,8 @@ def decode_loop(model: Any, prompt: Sequence[int], batch: int, tokens: int) -> d
 def serve(model_dir: str, port: int) -> None:
     from pathlib import Path
 
+    import mlx.core as mx
+
     from seatd.model_load import load_for_compute
 
     model = load_for_compute(Path(model_dir)).model
@@ -105,6 +108,10 @@ def serve(model_dir: str, port: int) -> None:
             except RuntimeError as exc:  # MLX failed it (out of memory, a kernel)
                 self._send(500, {"error": repr(exc)})
                 return
+            finally:
+                # Its freed buffers handed back between runs, as an idle seat's are
+                # (`seatd.idle_trim`): the arms share one GPU's memory.
+                mx.clear_cache()
             self._send(200, got)
 
         def log_message(self, *args: Any) -> None:
