@@ -79,7 +79,7 @@ from typing import Any
 import mlx.core as mx
 import structlog
 
-from seatd import prefill_rows, recurrent
+from seatd import device_probe, prefill_rows, recurrent
 from seatd.adaptive import (
     LOOKUP,
     MODEL,
@@ -356,6 +356,12 @@ class Engine:
         self.trim = IdleTrim()
         self.clock: Callable[[], float] = time.monotonic
         self.on_trim: Callable[[], None] | None = None
+        # After a step or a prefill failed, whether the device still computes
+        # (`seatd.device_probe`): where it does not, every row ends with the error, the
+        # thread stops and `on_device_lost` is told (on this thread), for the worker to
+        # exit and be started afresh.  Unset (the warm-up, a bench), nothing is probed.
+        self.probe: Callable[[], None] = device_probe.probe
+        self.on_device_lost: Callable[[BaseException], None] | None = None
 
     # -- the worker's side (any thread): `seatd.engine_io` ----------------------
 
@@ -401,6 +407,7 @@ class Engine:
             except Exception as exc:  # never lose the thread: end what it held, go on
                 log.exception("engine_step_failed", request_ids=self.active)
                 self._fail_all(exc)
+                self._check_device(exc)
                 busy = True
             if not busy and self.idle is not None:
                 busy = self._idle_step(self.idle)
@@ -411,6 +418,20 @@ class Engine:
                 self._trim()
             self.wake.wait(0.05)
             self.wake.clear()
+
+    def _check_device(self, error: BaseException) -> None:
+        """After `error` failed a step or a prefill: where the device no longer
+        computes, the rows still held end with it and the engine stops
+        (`seatd.device_probe`)."""
+        if self.on_device_lost is None:
+            return
+        lost = device_probe.broken(self.probe)
+        if lost is None:
+            return
+        log.error("device_lost", error=repr(error), probe=repr(lost))
+        self._fail_all(error)
+        self.stopped = True
+        self.on_device_lost(lost)
 
     def _trim(self) -> None:
         """MLX's freed buffers back to the device (`seatd.idle_trim`); a failure is
@@ -757,11 +778,14 @@ class Engine:
             for row in [r for r in group.rows if r.work.fault]:
                 self._drop_joining(group, row, RuntimeError(
                     "injected row fault (SANCTUM_FAULT_ROW)"))
+            if any(r.work.device_fault for r in group.rows):
+                raise RuntimeError("injected device fault (SANCTUM_FAULT_DEVICE)")
             if group.rows:
                 self._prefill_group(group)
         except Exception as exc:  # this group's prefill failed: the other rows go on
             log.exception("row_prefill_failed", request_ids=[r.rid for r in group.rows])
             self._end_group(group, exc)
+            self._check_device(exc)
         if not group.rows and group in self.groups:
             self.groups.remove(group)
 

@@ -57,6 +57,7 @@ class Work:
     # (`seatd.grammar.SeatGrammar.for_request`); the engine feeds it every token taken.
     grammar: Matcher | None = None
     fault: bool = False  # an injected prefill fault (the worker's SANCTUM_FAULT_ROW)
+    device_fault: bool = False  # ... that the device stays lost after (SANCTUM_FAULT_DEVICE)
     spec: Speculation | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     # Set by the worker when the answer is complete by what it says (a tool call made a

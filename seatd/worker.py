@@ -33,7 +33,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from seatd import blas, memory, warm_shapes
+from seatd import blas, device_probe, memory, warm_shapes
 from seatd.answer import seam
 from seatd.backend import backend, device_name, seat_environment
 from seatd.batch import Engine
@@ -162,6 +162,8 @@ class SeatWorker:
         self.rows_round_apart = rows_round_apart(backend())
         # The seat's memory once loaded (`kv_budget`), shown in its pongs.
         self.loaded_bytes = self.kv_budget_bytes = self.memory_budget_bytes = 0
+        self.code = exitcodes.OK  # how the worker exits once stopped
+        self.device_faulted = False  # an injected device fault came (SANCTUM_FAULT_DEVICE)
 
     @property
     def engine(self) -> Engine | None:
@@ -430,7 +432,10 @@ class SeatWorker:
         kv = request.kv or self.seat.kv
         reserve = row_bytes(loaded.prompt_cache.per_token(kv), len(prompt),
                             request.params.max_tokens, loaded.context_length)
-        return Work(request, prompt, kv, reserve, grammar, _faulty(request))
+        device_fault = _faulty(request, "SANCTUM_FAULT_DEVICE")
+        self.device_faulted |= device_fault
+        return Work(request, prompt, kv, reserve, grammar, _faulty(request),
+                    device_fault=device_fault)
 
     def _continued(self, job: Job, request: Generate,
                    n_prompt: int) -> tuple[Generate, list[int]]:
@@ -635,6 +640,23 @@ class SeatWorker:
         assert self.loop is not None
         self.loop.call_soon_threadsafe(self.memory_now)
 
+    def device_lost(self, error: BaseException) -> None:
+        """The engine's device no longer computes (`seatd.device_probe`; called on the
+        MLX thread, the rows already ended): the worker stops and exits DEVICE_LOST, for
+        seatd to start a fresh process."""
+        assert self.loop is not None
+        self.code = exitcodes.DEVICE_LOST
+        exitcodes.record_reason(f"the device stopped computing: {error!r}")
+        self.loop.call_soon_threadsafe(self.stopped.set)
+
+    def probe(self) -> None:
+        """`seatd.device_probe.probe`, which fails once an injected device fault came
+        (SANCTUM_FAULT_DEVICE, as tests set it)."""
+        if self.device_faulted:
+            raise RuntimeError("injected device fault (SANCTUM_FAULT_DEVICE): the device "
+                               "is lost")
+        device_probe.probe()
+
     def memory_now(self) -> None:
         self.counters.memory(memory.mlx_memory())
         try:
@@ -686,12 +708,11 @@ class SeatWorker:
             self.loop.add_signal_handler(sig, self.begin_drain, self.config.seatd.drain_s)
         receiver = self.loop.create_task(self.receive())
         log.info("worker_starting", blas=blas.loaded_blas(), incarnation=self.counters.incarnation)
-        code = exitcodes.OK
         try:
             try:
                 loaded = await self.loaded_or_stopped()
                 if loaded is None:
-                    return code  # stopped while the model loaded: nothing to drain
+                    return exitcodes.OK  # stopped while the model loaded: nothing to drain
                 self.loaded = loaded
             except Exception as exc:
                 log.error("model_load_failed", model=self.seat.model, error=str(exc))
@@ -705,6 +726,8 @@ class SeatWorker:
             assert self.loaded.engine is not None
             engine = self.loaded.engine
             engine.on_trim = self.trimmed
+            engine.on_device_lost = self.device_lost
+            engine.probe = self.probe
             server = self.loop.run_in_executor(self.mlx, engine.run)
             preparer = self.loop.create_task(self.prepared())
             await self.stopped.wait()
@@ -721,7 +744,7 @@ class SeatWorker:
             unlink_endpoint(worker_endpoint(self.config, self.seat.name))
             self.mlx.shutdown(wait=False, cancel_futures=True)
             self.prep.shutdown(wait=False, cancel_futures=True)
-        return code
+        return self.code
 
 
 def continuation(tokenizer: Any, request: Generate) -> tuple[list[int], str]:
@@ -740,11 +763,13 @@ def continuation(tokenizer: Any, request: Generate) -> tuple[list[int], str]:
     return ids, head
 
 
-def _faulty(request: Generate) -> bool:
+def _faulty(request: Generate, name: str = "SANCTUM_FAULT_ROW") -> bool:
     """Fault injection for tests of a failing row: SANCTUM_FAULT_ROW=MARKER makes the
     prefill of any request whose prompt holds MARKER raise (the row fails, the batch and
-    the worker go on).  Unset, as in any real deployment, it does nothing."""
-    marker = os.environ.get("SANCTUM_FAULT_ROW")
+    the worker go on); SANCTUM_FAULT_DEVICE=MARKER makes it raise and the device probe
+    fail from then on (`SeatWorker.probe`: the worker exits DEVICE_LOST and seatd starts
+    it again).  Unset, as in any real deployment, they do nothing."""
+    marker = os.environ.get(name)
     if not marker:
         return False
     texts = [request.prompt or ""] + [m.content for m in request.messages or ()]

@@ -19,6 +19,7 @@ CRASH = 1
 CONFIG = 78  # sysexits EX_CONFIG
 MODEL_LOAD = 79
 PARENT_GONE = 80
+DEVICE_LOST = 81  # the device stopped computing: a fresh process gets a fresh context
 
 FATAL_AT_ONCE = {CONFIG: "config_error", MODEL_LOAD: "model_load_failed"}
 REASON_ENV = "SANCTUM_EXIT_REASON_FILE"
@@ -37,7 +38,8 @@ def describe(returncode: int, detail: str | None = None) -> str:
         except ValueError:
             base = f"signal:{-returncode}"
         return f"{base}: {detail}" if detail else base
-    named = FATAL_AT_ONCE.get(returncode) or {PARENT_GONE: "parent_gone"}.get(returncode)
+    named = FATAL_AT_ONCE.get(returncode) or {PARENT_GONE: "parent_gone",
+                                              DEVICE_LOST: "device_lost"}.get(returncode)
     if detail:
         return f"{named or 'error'}: {detail} (exit:{returncode})"
     return f"exit:{returncode} ({named})" if named else f"exit:{returncode}"
