@@ -22,11 +22,10 @@ import pytest
 
 from seatd import device_probe
 from seatd.batch import Engine
-from seatd.engine_io import Outbox, Transcript, Work
-from seatd.engine_types import output_width
-from seatd.kv_budget import KVBudget
+from seatd.engine_io import Transcript, Work
 from shared import exitcodes
 from shared.protocol import Generate, SamplingParams
+from tests.demo_engine import demo_engine
 from tests.procs import Sanctum, assert_gone, http, packaged_config, running, wait_for
 
 MARKER = "<<lose the device>>"
@@ -62,13 +61,8 @@ class Running:
 
 @pytest.fixture
 def engine() -> Iterator[Running]:
-    from seatd.model_load import load_for_compute
-    from shared.builtin import resolve_model
-
-    target = load_for_compute(resolve_model("builtin:demo"), None)
     rang = threading.Event()
-    eng = Engine(target.model, target.tokenizer, target.context_length,
-                 output_width(target.model), 4, KVBudget(1 << 30), outbox=Outbox(rang.set))
+    eng = demo_engine(rang.set)
     run = Running(eng, threading.Thread(target=eng.run, daemon=True), rang)
     eng.probe, eng.on_device_lost = run.probe, run.lost.append
     run.thread.start()

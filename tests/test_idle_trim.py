@@ -13,11 +13,10 @@ import mlx.core as mx
 import pytest
 
 from seatd.batch import Engine
-from seatd.engine_io import Outbox, Transcript, Work
-from seatd.engine_types import output_width
+from seatd.engine_io import Transcript, Work
 from seatd.idle_trim import AFTER_S, IdleTrim
-from seatd.kv_budget import KVBudget
 from shared.protocol import Generate, SamplingParams
+from tests.demo_engine import demo_engine
 
 # (events: ("busy",) or ("idle", now), what each idle() answers)
 TABLE = [
@@ -78,13 +77,8 @@ class Engaged:
 
 @pytest.fixture
 def engine() -> Iterator[Engaged]:
-    from seatd.model_load import load_for_compute
-    from shared.builtin import resolve_model
-
-    target = load_for_compute(resolve_model("builtin:demo"), None)
     rang = threading.Event()
-    eng = Engine(target.model, target.tokenizer, target.context_length,
-                 output_width(target.model), 4, KVBudget(1 << 30), outbox=Outbox(rang.set))
+    eng = demo_engine(rang.set)
     clock = Clock()
     trims: list[int] = []
     trimmed = threading.Event()
