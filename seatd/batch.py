@@ -423,7 +423,7 @@ class Engine:
         """After `error` failed a step or a prefill: where the device no longer
         computes, the rows still held end with it and the engine stops
         (`seatd.device_probe`)."""
-        if self.on_device_lost is None:
+        if self.on_device_lost is None or self.stopped:
             return
         lost = device_probe.broken(self.probe)
         if lost is None:
@@ -458,6 +458,8 @@ class Engine:
 
     def _fail_all(self, error: BaseException) -> None:
         rows = [*self.joining, *(r for lane in self.lanes.values() for r in lane.rows)]
+        for lane in self.lanes.values():
+            lane.rows = []
         self.joining, self.groups, self.lanes = [], [], {}
         for row in rows:
             if not row.answer.closed:
@@ -482,12 +484,12 @@ class Engine:
             worked = True
         decoding = False
         for lane in list(self.lanes.values()):
-            if lane.rows:
+            if lane.rows and not self.stopped:  # stopped: a lost device ended every row
                 self._decode(lane)
                 worked = decoding = True
         if decoding:  # once a step, however many lanes it decoded
             self.decoded += 1
-        if self._offer is not None:
+        if self._offer is not None and not self.stopped:
             worked = True
             if self._aboard is None:  # it could not ride: a forward of its own
                 self._prefill()
@@ -1035,6 +1037,7 @@ class Engine:
             lane.rows = []
             lane.cache.drop([])
             lane.drafter = None
+            self._check_device(exc)
         else:
             self._measured(lane, B, plan, parts, time.perf_counter() - started)
             self._leave(lane)

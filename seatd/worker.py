@@ -93,6 +93,7 @@ from shared.protocol import (
 from shared.threads import bound_pool
 
 log = structlog.get_logger()
+LAST_WORDS_MS = 1000  # how long a worker whose device was lost delivers its last answers
 
 
 class Refusal(Exception):
@@ -642,12 +643,26 @@ class SeatWorker:
 
     def device_lost(self, error: BaseException) -> None:
         """The engine's device no longer computes (`seatd.device_probe`; called on the
-        MLX thread, the rows already ended): the worker stops and exits DEVICE_LOST, for
-        seatd to start a fresh process."""
+        MLX thread, its rows already ended): the worker stops and exits DEVICE_LOST, for
+        seatd to start a fresh process (`gone`)."""
         assert self.loop is not None
         self.code = exitcodes.DEVICE_LOST
         exitcodes.record_reason(f"the device stopped computing: {error!r}")
-        self.loop.call_soon_threadsafe(self.stopped.set)
+        try:
+            self.loop.call_soon_threadsafe(self.gone, error)
+        except RuntimeError:  # the loop closed on the way out: nobody reads any more
+            pass
+
+    def gone(self, error: BaseException) -> None:
+        """(the loop) The device lost: new requests are refused as a stopping seat's
+        (its pongs say it is not ready), the rows' own ends are sent, every request still
+        held (queued, being prepared, or handed to the engine but not yet a row) ends with
+        the error, and the worker stops."""
+        self.draining = True
+        self.read_events()
+        for job in [*self.running.values(), *self.waiting.values()]:
+            self.finished(job, Ended(job.request.request_id, None, error, 0))
+        self.stopped.set()
 
     def probe(self) -> None:
         """`seatd.device_probe.probe`, which fails once an injected device fault came
@@ -737,7 +752,8 @@ class SeatWorker:
         finally:
             receiver.cancel()
             self.counters.persist()
-            self.sock.close(linger=0)
+            # A lost device's last answers were sent just now: a second to deliver them.
+            self.sock.close(linger=LAST_WORDS_MS if self.code == exitcodes.DEVICE_LOST else 0)
             if gate is not None:
                 gate.stop()
             ctx.term()

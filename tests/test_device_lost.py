@@ -112,9 +112,28 @@ def test_a_lost_device_ends_every_row_and_stops_the_engine(engine: Running) -> N
     until(engine, told, lambda: {"bad", "long"} <= set(told.ended))
     assert "injected device fault" in repr(told.error("bad"))
     assert "injected device fault" in repr(told.error("long"))  # not served to its end
-    assert [repr(e) for e in engine.lost] == [repr(RuntimeError("the device is gone"))]
     engine.thread.join(timeout=60)
     assert engine.eng.stopped and not engine.thread.is_alive()
+    assert [repr(e) for e in engine.lost] == [repr(RuntimeError("the device is gone"))]
+
+
+def test_a_failed_step_on_a_lost_device_stops_the_engine(engine: Running) -> None:
+    """The same after a decoding step failed (not a prefill): its rows end with the
+    step's error, and the engine stops."""
+    told = Transcript()
+    submit(engine, "long", ENDLESS)
+    until(engine, told, lambda: told.texts.get("long"))
+
+    def lost_step(*args: object) -> None:
+        raise RuntimeError("a step on a lost device")
+
+    engine.device_fails = True
+    engine.eng._plain_step = lost_step  # type: ignore[method-assign]
+    until(engine, told, lambda: "long" in told.ended)
+    assert "a step on a lost device" in repr(told.error("long"))
+    engine.thread.join(timeout=60)
+    assert engine.eng.stopped and not engine.thread.is_alive()
+    assert [repr(e) for e in engine.lost] == [repr(RuntimeError("the device is gone"))]
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +155,9 @@ def test_worker_exits_device_lost_and_seatd_serves_again(up: Sanctum) -> None:
             model="demo", max_tokens=8,
             messages=[{"role": "user", "content": f"hello {MARKER}"}])
     assert failed.value.status_code >= 500
+    # the worker itself ended the row with the device's error (not a lost worker's)
+    assert isinstance(failed.value.body, dict)
+    assert failed.value.body["attempts"] == "demo=failed:internal_error", failed.value.body
     assert_gone({pid}, timeout=60)
     wait_for("the worker started again",
              lambda: (h := up.health()["seats"]["demo"])["ready"] and h["pid"] != pid,
