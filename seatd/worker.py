@@ -94,6 +94,7 @@ from shared.threads import bound_pool
 
 log = structlog.get_logger()
 LAST_WORDS_MS = 1000  # how long a worker whose device was lost delivers its last answers
+LAST_WORDS_PINGS = 2  # ... once it has answered this many pings after them (`gone`)
 
 
 class Refusal(Exception):
@@ -165,6 +166,7 @@ class SeatWorker:
         self.loaded_bytes = self.kv_budget_bytes = self.memory_budget_bytes = 0
         self.code = exitcodes.OK  # how the worker exits once stopped
         self.device_faulted = False  # an injected device fault came (SANCTUM_FAULT_DEVICE)
+        self.pings_since_lost: int | None = None  # pings answered since the device was lost
 
     @property
     def engine(self) -> Engine | None:
@@ -239,6 +241,10 @@ class SeatWorker:
         match message:
             case Ping(sent_at=sent_at):
                 self.send(identity, self.pong(sent_at))
+                if self.pings_since_lost is not None:  # a lost device's last words
+                    self.pings_since_lost += 1
+                    if self.pings_since_lost >= LAST_WORDS_PINGS:
+                        self.stopped.set()
             case Generate():
                 job = Job(identity, message)
                 rid = message.request_id
@@ -657,12 +663,20 @@ class SeatWorker:
         """(the loop) The device lost: new requests are refused as a stopping seat's
         (its pongs say it is not ready), the rows' own ends are sent, every request still
         held (queued, being prepared, or handed to the engine but not yet a row) ends with
-        the error, and the worker stops."""
+        the error, and the worker stops once the proxy has read them."""
         self.draining = True
         self.read_events()
         for job in [*self.running.values(), *self.waiting.values()]:
             self.finished(job, Ended(job.request.request_id, None, error, 0))
-        self.stopped.set()
+        # The proxy takes what arrived from its seat whenever it pings it (one pipe, in
+        # order): a ping sent after these answers arrived finds them read.  The second
+        # ping to come after them was sent a heartbeat after the first, so the worker
+        # stops once it has answered that one, or after the proxy's own clock for a
+        # silent seat where no ping comes.
+        self.pings_since_lost = 0
+        proxy = self.config.proxy
+        assert self.loop is not None
+        self.loop.call_later(proxy.heartbeat_s * (proxy.liveness + 1), self.stopped.set)
 
     def probe(self) -> None:
         """`seatd.device_probe.probe`, which fails once an injected device fault came
