@@ -93,8 +93,7 @@ from shared.protocol import (
 from shared.threads import bound_pool
 
 log = structlog.get_logger()
-LAST_WORDS_MS = 1000  # how long a worker whose device was lost delivers its last answers
-LAST_WORDS_PINGS = 2  # ... once it has answered this many pings after them (`gone`)
+LAST_WORDS_PINGS = 2  # a worker whose device was lost stops once it answered these (`gone`)
 
 
 class Refusal(Exception):
@@ -766,8 +765,7 @@ class SeatWorker:
         finally:
             receiver.cancel()
             self.counters.persist()
-            # A lost device's last answers were sent just now: a second to deliver them.
-            self.sock.close(linger=LAST_WORDS_MS if self.code == exitcodes.DEVICE_LOST else 0)
+            self.sock.close(linger=0)
             if gate is not None:
                 gate.stop()
             ctx.term()
