@@ -138,7 +138,11 @@ def test_sixteen_long_prompts_at_once_are_served_or_refused_never_failed(up: San
         # the 16 prompts run from about 1,280 to 1,530 tokens; which are served depends
         # on who arrives first
         assert 1200 <= body["usage"]["prompt_tokens"] <= 1900, body["usage"]
-        assert body["choices"][0]["finish_reason"] == "length"
+        # served whole: 8 tokens, or fewer where the model ended its answer itself (which
+        # prompts are served depends on who arrives first, and some end within 8 tokens)
+        finish = body["choices"][0]["finish_reason"]
+        whole = body["usage"]["completion_tokens"] == 8
+        assert (finish, whole) in (("length", True), ("stop", False)), body
     for headers, body in refused:
         assert body["error"]["code"] == "overloaded" and headers.get("Retry-After")
     metrics = http("GET", up.url + "/metrics")[2].decode()
