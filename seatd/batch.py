@@ -24,7 +24,8 @@ model drafter takes the prompt as the row does, alone always, in a batch only wh
 verify step of its batch's size was not measured to lose at what the row's policy
 expects a round to keep, nor to save too little over the row's budget to repay the
 batch's drafter prefills at their measured cost (`seatd.batch_policy.drafter_due`); it
-catches up when that changes or the row is left alone, drafting by lookup meanwhile.
+catches up when that changes, or when the row is left alone with tokens enough to repay
+it at what its policy's rounds save (`catch_up_due`), drafting by lookup meanwhile.
 
 A row may shape its logits (`seatd.shaping`: a grammar's mask, penalties, logit bias),
 identically in a plain step, at every position of a verified block and in its drafter's
@@ -96,6 +97,7 @@ from seatd.batch_policy import (
     NOT_PROFITABLE,
     StepCosts,
     StepPlan,
+    catch_up_due,
     decide_step,
     drafter_due,
     paced,
@@ -184,6 +186,7 @@ class Drafting:
     park_left: int = 0  # plain tokens left in a parked burst (`seatd.adaptive`)
     parks: int = 0  # parked bursts in a row whose probe did not bring it back to drafting
     probe: bool = False  # a probe round is due after the burst
+    passed_over: bool = False  # its drafter was passed over in a batch: it lags the row
 
 
 @dataclass(frozen=True)
@@ -908,9 +911,15 @@ class Engine:
         to_take = getattr(spec.drafter, "to_take", None)
         prefill_s = (self.drafter_rate * to_take
                      if self.drafter_rate is not None and to_take is not None else None)
-        due = drafter_due(self.costs, batch, policy.expected if policy is not None
-                          else spec.stats.expected_tokens, spec.depth,
-                          row.answer.budget - row.issued, prefill_s, self.compiles)
+        expected = policy.expected if policy is not None else spec.stats.expected_tokens
+        left = row.answer.budget - row.issued
+        if batch <= 1 and row.draft.passed_over:  # left alone: catch up where it repays
+            due = catch_up_due(policy.seconds if policy is not None else None, expected,
+                               spec.depth, left, prefill_s)
+        else:
+            due = drafter_due(self.costs, batch, expected, spec.depth, left, prefill_s,
+                              self.compiles)
+            row.draft.passed_over = row.draft.passed_over or not due
         if not due and row.report.state == "declined:no_proposal":
             row.report.state = f"declined:{NOT_PROFITABLE}"
         return due

@@ -9,6 +9,8 @@ by batch size and tokens per row, drafting included in a verify step's time):
     speculates(batch, compiles)    whether a step of that many rows may verify at all
     drafter_due(costs, batch, expected, deepest, left, prefill_s, compiles)   whether a
                                    row's model drafter takes its prompt now
+    catch_up_due(seconds, expected, deepest, left, prefill_s)   whether a row left alone
+                                   catches its drafter up
     paced(arrived, began)          whether a joining group keeps to the decoding rows' pace
     ride_tokens(ride, own, limit, n, first)   a joining prompt's tokens riding a step
 
@@ -173,6 +175,28 @@ def drafter_due(costs: StepCosts, batch: int, expected: Callable[[int], float],
     if saving <= 0:
         return False
     return prefill_s is None or left * saving >= batch * prefill_s
+
+
+def catch_up_due(seconds: Sequence[float] | None, expected: Callable[[int], float],
+                 deepest: int, left: int, prefill_s: float | None) -> bool:
+    """Whether a row's model drafter, passed over while its batch stepped plain, should
+    catch up now that the row decodes alone (its prompt, then every answer token since:
+    `prefill_s` seconds at the drafter's measured cost).  The row's own policy holds a
+    round's time at each depth (`seconds`, 0: a plain token) and what a round keeps
+    (`expected`); its best round saves seconds[0] - seconds[d] / expected(d) a token,
+    at depths 1..deepest.  Due where the row's `left` tokens at that saving repay the
+    catch-up, or where nothing says otherwise (no times, no prefill cost measured).  A
+    row left alone with a few tokens to go thus finishes plain (by lookup where that
+    pays) instead of prefilling its whole context into a drafter for them: the same
+    test a batch's rows pass (`drafter_due`), at the row's own figures.  A row that
+    begins alone always takes its drafter with its prompt (its probes keep the seat's
+    figures current).  Pure."""
+    if seconds is None or prefill_s is None or len(seconds) < 2 or seconds[0] <= 0:
+        return True
+    top = min(deepest, len(seconds) - 1)
+    saving = max(seconds[0] - seconds[d] / expected(d) for d in range(1, top + 1)) \
+        if top >= 1 else 0.0
+    return left * saving >= prefill_s
 
 
 def plan_step(wants: Sequence[tuple[int, float]], batch: int, costs: StepCosts,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from seatd import batch
-from seatd.adaptive import DepthStats
+from seatd.adaptive import DepthStats, RoundPolicy, seed_times
 from seatd.batch import Engine
 from seatd.batch_policy import SETTLED
 from seatd.counters import PARTS, STAGES
@@ -894,6 +894,50 @@ def test_rows_of_a_batch_where_verifying_loses_take_no_drafter_prefill_until_alo
     else:
         assert all(n == len(prompts[rid]) - 1 for rid in fed for n in fed[rid])
     assert engine.drafter_rate is not None and engine.drafter_rate > 0, "prefills timed"
+    each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
+
+
+@pytest.mark.parametrize("rate", [1.0, 1e-9])
+def test_a_row_left_alone_catches_its_drafter_up_only_where_its_tokens_left_repay_it(
+        pair: tuple[Any, Any, Any], rate: float) -> None:
+    """As above where verifying 2 rows loses, with each request's policy holding cheap
+    rounds (1 ms at every depth against a plain token's 10 ms: a few ms saved a token)
+    and the drafters' prefill measured at `rate` seconds a token.  When the shorter
+    request ends, the row left alone (24 tokens to go, a context of 10) catches its
+    drafter up where those tokens repay it (a nanosecond a token), not where they
+    cannot (a second a token: 10 s against well under one), and finishes plain,
+    declined as not profitable, its answer its own alone either way."""
+    model, tok, drafter = pair
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    engine.costs.seconds[(2, 1)], engine.costs.timed[(2, 1)] = 0.01, SETTLED
+    for w in range(2, 17):
+        engine.costs.seconds[(2, w)], engine.costs.timed[(2, w)] = 1.0, SETTLED
+    engine.drafter_rate = rate
+    prompts = {"a": tok.encode("def fibonacci(n):"), "b": tok.encode("class Stack:")}
+    budgets = {"a": 6, "b": 30}
+    drafters = {rid: ModelDrafter(drafter) for rid in prompts}
+    for rid, prompt in prompts.items():
+        stats = DepthStats()
+        seed_times(stats, {0: 0.010, 1: 0.001, 2: 0.001, 3: 0.001})
+        policy = RoundPolicy.from_stats(stats)
+        assert policy is not None
+        params = SamplingParams(max_tokens=budgets[rid], temperature=0)
+        engine.submit(Work(Generate(rid, False, params, prompt="-"), prompt, "fp16",
+                           spec=Speculation(drafters[rid], 3, stats, policy=policy)))
+    told, alone = Transcript(), []
+    while len(told.ended) < 2:
+        engine.step()
+        told.read(engine.outbox)
+        rows = [r for lane in engine.lanes.values() for r in lane.rows]
+        if len(rows) == 1 and rows[0].rid == "b":
+            alone.append(rows[0].report.state)
+    assert alone, "b decoded alone after a ended"
+    assert drafters["a"]._done == 0
+    if rate == 1.0:
+        assert drafters["b"]._done == 0, "10 s of catch-up for 24 tokens: not taken"
+        assert set(alone) == {"declined:batch_not_profitable"}
+    else:
+        assert drafters["b"]._done >= len(prompts["b"]) - 1, "alone, its drafter caught up"
     each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
 
 

@@ -12,6 +12,7 @@ from seatd.batch_policy import (
     SETTLED,
     StepCosts,
     StepPlan,
+    catch_up_due,
     decide_step,
     drafter_due,
     paced,
@@ -272,6 +273,28 @@ def test_drafter_due_repays_the_batchs_drafter_prefill(left: int, prefill_s: flo
     the batch's drafter prefills."""
     c = costs(p8=0.01, v8_4=0.01)
     assert drafter_due(c, batch, lambda d: d + 1.0, 6, left, prefill_s) is due, why
+
+
+# A plain token 10 ms, a round of depth d 10 + 2d ms keeping d + 1 tokens: depth 3
+# saves 10 - 16 / 4 = 6 ms a token, the best of 1..3 (4.0 at 1, 5.33 at 2).
+TIMES = (0.010, 0.012, 0.014, 0.016)
+
+
+@pytest.mark.parametrize(("seconds", "deepest", "left", "prefill_s", "due", "why"), [
+    (None, 3, 5, 1.0, True, "no times: nothing says otherwise"),
+    (TIMES, 3, 5, None, True, "no drafter prefill measured"),
+    (TIMES, 3, 100, 0.5, True, "100 tokens at 6 ms saved repay 0.5 s"),
+    (TIMES, 3, 5, 0.5, False, "5 tokens left save 30 ms against 0.5 s of catch-up"),
+    (TIMES, 1, 100, 0.5, False, "at depth 1 at most: 4 ms a token, 0.4 s against 0.5 s"),
+    (TIMES, 3, 0, 0.0, True, "nothing to take: nothing to repay"),
+    ((0.010, 0.030, 0.040, 0.050), 3, 1000, 0.001, False,
+     "every round loses (30 ms for 2 tokens): nothing repays"),
+    ((0.010,), 3, 1000, 0.001, True, "no round times: nothing says otherwise"),
+])
+def test_a_row_left_alone_catches_its_drafter_up_where_its_tokens_left_repay_it(
+        seconds: tuple[float, ...] | None, deepest: int, left: int, prefill_s: float | None,
+        due: bool, why: str) -> None:
+    assert catch_up_due(seconds, lambda d: d + 1.0, deepest, left, prefill_s) is due, why
 
 
 def test_drafter_due_waits_for_a_settled_plain_time() -> None:
