@@ -184,8 +184,9 @@ def catch_up_due(seconds: Sequence[float] | None, expected: Callable[[int], floa
     `prefill_s` seconds at the drafter's measured cost).  The row's own policy holds a
     round's time at each depth (`seconds`, 0: a plain token) and what a round keeps
     (`expected`); its best round saves seconds[0] - seconds[d] / expected(d) a token,
-    at depths 1..deepest.  Due where the row's `left` tokens at that saving repay the
-    catch-up, or where nothing says otherwise (no times, no prefill cost measured).  A
+    at depths 1..deepest (those the policy holds).  Due where the row's `left` tokens at
+    that saving repay the catch-up, or where nothing says otherwise (no times, no round
+    to judge, no prefill cost measured).  A
     row left alone with a few tokens to go thus finishes plain (by lookup where that
     pays) instead of prefilling its whole context into a drafter for them: the same
     test a batch's rows pass (`drafter_due`), at the row's own figures.  A row that
@@ -194,8 +195,9 @@ def catch_up_due(seconds: Sequence[float] | None, expected: Callable[[int], floa
     if seconds is None or prefill_s is None or len(seconds) < 2 or seconds[0] <= 0:
         return True
     top = min(deepest, len(seconds) - 1)
-    saving = max(seconds[0] - seconds[d] / expected(d) for d in range(1, top + 1)) \
-        if top >= 1 else 0.0
+    if top < 1:  # no round to judge: nothing says otherwise
+        return True
+    saving = max(seconds[0] - seconds[d] / expected(d) for d in range(1, top + 1))
     return left * saving >= prefill_s
 
 
@@ -267,7 +269,8 @@ def speculates(batch: int, compiles: bool) -> bool:
     plain path's tokens/s at 2 / 4 / 8 / 16 clients.  The step costs cannot judge it
     either: a try's time is the build's, so the first try of every width at every size
     is lost.  So a batch there steps plain, and its rows' drafters take no prompt while
-    they are in one (`drafter_due`); a row left alone speculates again.  Pure."""
+    they are in one (`drafter_due`); a row left alone speculates again where the tokens
+    it has left repay its drafter's catch-up (`catch_up_due`).  Pure."""
     return batch <= 1 or not compiles
 
 

@@ -924,13 +924,16 @@ def test_a_row_left_alone_catches_its_drafter_up_only_where_its_tokens_left_repa
         params = SamplingParams(max_tokens=budgets[rid], temperature=0)
         engine.submit(Work(Generate(rid, False, params, prompt="-"), prompt, "fp16",
                            spec=Speculation(drafters[rid], 3, stats, policy=policy)))
-    told, alone = Transcript(), []
+    told, alone, together = Transcript(), [], []
     while len(told.ended) < 2:
         engine.step()
         told.read(engine.outbox)
         rows = [r for lane in engine.lanes.values() for r in lane.rows]
         if len(rows) == 1 and rows[0].rid == "b":
             alone.append(rows[0].report.state)
+        if len(rows) == 2:
+            together.extend(drafters[r.rid]._done for r in rows)
+    assert together and not any(together), "passed over while the two decoded together"
     assert alone, "b decoded alone after a ended"
     assert drafters["a"]._done == 0
     if rate == 1.0:
@@ -939,6 +942,33 @@ def test_a_row_left_alone_catches_its_drafter_up_only_where_its_tokens_left_repa
     else:
         assert drafters["b"]._done >= len(prompts["b"]) - 1, "alone, its drafter caught up"
     each_as_alone(model, tok, prompts, budgets, {r: told.result(r) for r in prompts})
+
+
+def test_a_row_that_begins_alone_takes_its_drafter_with_its_prompt_whatever_it_costs(
+        pair: tuple[Any, Any, Any]) -> None:
+    """A request alone from the start takes its drafter with its prompt even where the
+    drafter's prefill was measured at a second a token and its 6 tokens could never
+    repay it: its rounds keep the seat's figures current, and only a drafter passed
+    over in a batch is judged by what the row has left (`catch_up_due`)."""
+    model, tok, drafter = pair
+    engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
+    engine.drafter_rate = 1.0
+    prompt = tok.encode("def fibonacci(n):")
+    stats = DepthStats()
+    seed_times(stats, {0: 0.010, 1: 0.001, 2: 0.001, 3: 0.001})
+    policy = RoundPolicy.from_stats(stats)
+    assert policy is not None
+    own = ModelDrafter(drafter)
+    params = SamplingParams(max_tokens=6, temperature=0)
+    engine.submit(Work(Generate("a", False, params, prompt="-"), prompt, "fp16",
+                       spec=Speculation(own, 3, stats, policy=policy)))
+    told = Transcript()
+    while "a" not in told.ended:
+        engine.step()
+        told.read(engine.outbox)
+    assert told.error("a") is None
+    assert own._done >= len(prompt) - 1, "its drafter took the prompt"
+    each_as_alone(model, tok, {"a": prompt}, {"a": 6}, {"a": told.result("a")})
 
 
 def test_every_working_steps_time_lands_in_exactly_one_part(

@@ -290,6 +290,9 @@ TIMES = (0.010, 0.012, 0.014, 0.016)
     ((0.010, 0.030, 0.040, 0.050), 3, 1000, 0.001, False,
      "every round loses (30 ms for 2 tokens): nothing repays"),
     ((0.010,), 3, 1000, 0.001, True, "no round times: nothing says otherwise"),
+    (TIMES, 0, 5, 0.5, True, "no depth to draft: nothing says otherwise"),
+    (TIMES, 15, 100, 0.5, True, "deeper than the policy holds: its depths 1..3"),
+    (TIMES, 15, 5, 0.5, False, "... and 5 tokens repay nothing there either"),
 ])
 def test_a_row_left_alone_catches_its_drafter_up_where_its_tokens_left_repay_it(
         seconds: tuple[float, ...] | None, deepest: int, left: int, prefill_s: float | None,
