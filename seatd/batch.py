@@ -343,10 +343,10 @@ class Engine:
         self.prefill_cost = PrefillCost()
         # A model drafter's prefill forwards, as the target's (`prefill_cost`): what a
         # decoding row's drafter catching up takes within its share of a step; and what
-        # is left of that share in the step being planned (None: unpaced)
+        # is left of that share in this step, set as it begins (None: no row decodes)
         self.drafter_cost = PrefillCost()
         self._catch_up_left: float | None = None
-        self._caught_up = False  # a drafter caught up in the step being planned
+        self._caught_up = False  # a drafter caught up in this step
         # Riding (`_board`): the group offered to its lane's next step, the prompt that
         # rode this step (None: none did), and what riding tokens add to a step.
         self._offer: Group | None = None
@@ -493,6 +493,8 @@ class Engine:
             self._prefill()
             worked = True
         decoding = False
+        # one share of the step for every drafter catching up in it, whatever its lane
+        self._catch_up_left, self._caught_up = self._prefill_time(), False
         for lane in list(self.lanes.values()):
             if lane.rows and not self.stopped:  # stopped: a lost device ended every row
                 self._decode(lane)
@@ -750,13 +752,14 @@ class Engine:
         """Prompt tokens a decoding row's drafter takes in this step: whole chunks for a
         row alone (it waits on nobody but itself); beside other rows, as many as fit
         what is left of the step's share (`_prefill_time`, one share for every drafter
-        catching up in the step, `_catch_up_left`) by the drafter's own measured cost
-        (`drafter_cost`; the target's until a drafter's prefill was measured, an
-        over-estimate): `seatd.prefill_rows.catch_up_tokens`.  The row drafts by lookup
-        meanwhile.  Sized by the target's cost and each taking a share of its own, the
-        drafters of a 16-client slot caught up in 123-205 chunks of 5-8 ms (about 1 s of
-        a 12 s slot) on this project's 2-core CPU: the demo drafter computes about a
-        sixteenth of what its target does, so each chunk was mostly its fixed part."""
+        catching up in the step, whatever its lane: `_catch_up_left`) by the drafter's
+        own measured cost (`drafter_cost`; the target's until a drafter's prefill was
+        measured, an over-estimate): `seatd.prefill_rows.catch_up_tokens`.  The row
+        drafts by lookup meanwhile.  Sized by the target's cost and each taking a share
+        of its own, the drafters of a 16-client slot caught up in 123-205 chunks of 5-8
+        ms (about 1 s of a 12 s slot) on this project's 2-core CPU: the demo drafter
+        computes about a sixteenth of what its target does, so each chunk was mostly its
+        fixed part."""
         alone = sum(len(lane.rows) for lane in self.lanes.values()) <= 1 and not self.groups
         to_take = getattr(row.work.spec.drafter if row.work.spec is not None else None,
                           "to_take", 0) or 0
@@ -957,6 +960,11 @@ class Engine:
                 or spec.drafter is None:
             return True
         advance = getattr(spec.drafter, "advance", None)
+        # What the target left in flight (a plain step's forward, which a ride or the
+        # next step's plan follows) first: the drafter's forward would wait for it on
+        # the same stream, and that time is the target's, not the drafter's
+        # (`drafter_cost`, the step's share for catching up, the part it is counted in)
+        mx.synchronize()
         began = time.perf_counter()
         try:
             if advance is None:
@@ -1085,8 +1093,6 @@ class Engine:
         draft it passes over reports why, unless its report already says otherwise."""
         B = len(lane.rows)
         if speculates(B, self.compiles):
-            # drafters catching up share one share of the step
-            self._catch_up_left, self._caught_up = self._prefill_time(), False
             wants = [self._wanted(r) for r in lane.rows]
         else:  # no row's wish could change the step: its rows that speculate are passed over
             wants = [(1 if r.draft.speculating else 0, 1.0) for r in lane.rows]
