@@ -960,11 +960,13 @@ class Engine:
                 or spec.drafter is None:
             return True
         advance = getattr(spec.drafter, "advance", None)
-        # What the target left in flight (a plain step's forward, which a ride or the
-        # next step's plan follows) first: the drafter's forward would wait for it on
-        # the same stream, and that time is the target's, not the drafter's
-        # (`drafter_cost`, the step's share for catching up, the part it is counted in)
-        mx.synchronize()
+        if advance is not None:
+            # What the target left in flight (a plain step's forward, which a ride or
+            # the next step's plan follows) first: the drafter's forward would wait for
+            # it on the same stream, and that time is the target's, not the drafter's
+            # (`drafter_cost`, the step's share for catching up, the part it counts in).
+            # A drafter that takes its prompt on the host (a lookup's) waits for nothing.
+            mx.synchronize()
         began = time.perf_counter()
         try:
             if advance is None:
