@@ -121,7 +121,6 @@ from seatd.prefill_rows import (
     KV_LAYERS,
     PrefillCost,
     RideCost,
-    catch_up_tokens,
     join_point,
     padded,
     stack,
@@ -341,12 +340,6 @@ class Engine:
         self._drafting = 0.0  # seconds drafters took their prompts, ever (not their step's)
         self.kv_bytes = 0  # the batch's KV now, refreshed after every step
         self.prefill_cost = PrefillCost()
-        # A model drafter's prefill forwards, as the target's (`prefill_cost`): what a
-        # decoding row's drafter catching up takes within its share of a step; and what
-        # is left of that share in this step, set as it begins (None: no row decodes)
-        self.drafter_cost = PrefillCost()
-        self._catch_up_left: float | None = None
-        self._caught_up = False  # a drafter caught up in this step
         # Riding (`_board`): the group offered to its lane's next step, the prompt that
         # rode this step (None: none did), and what riding tokens add to a step.
         self._offer: Group | None = None
@@ -493,8 +486,6 @@ class Engine:
             self._prefill()
             worked = True
         decoding = False
-        # one share of the step for every drafter catching up in it, whatever its lane
-        self._catch_up_left, self._caught_up = self._prefill_time(), False
         for lane in list(self.lanes.values()):
             if lane.rows and not self.stopped:  # stopped: a lost device ended every row
                 self._decode(lane)
@@ -748,25 +739,15 @@ class Engine:
                                                   PREFILL_FLOOR)
         return min(PREFILL_CHUNK, per_row or PREFILL_FLOOR)
 
-    def _catch_up_tokens(self, row: Row) -> int:
-        """Prompt tokens a decoding row's drafter takes in this step: whole chunks for a
-        row alone (it waits on nobody but itself); beside other rows, as many as fit
-        what is left of the step's share (`_prefill_time`, one share for every drafter
-        catching up in the step, whatever its lane: `_catch_up_left`) by the drafter's
-        own measured cost (`drafter_cost`; the target's until a drafter's prefill was
-        measured, an over-estimate): `seatd.prefill_rows.catch_up_tokens`.  The row
-        drafts by lookup meanwhile.  Sized by the target's cost and each taking a share
-        of its own, the drafters of a 16-client slot caught up in 123-205 chunks of 5-8
-        ms (about 1 s of a 12 s slot) on this project's 2-core CPU: the demo drafter
-        computes about a sixteenth of what its target does, so each chunk was mostly its
-        fixed part."""
+    def _catch_up_tokens(self) -> int:
+        """Prompt tokens a decoding row's drafter takes in one step: whole chunks for a
+        row alone (it waits on nobody but itself)."""
+        seconds = self._prefill_time()
         alone = sum(len(lane.rows) for lane in self.lanes.values()) <= 1 and not self.groups
-        to_take = getattr(row.work.spec.drafter if row.work.spec is not None else None,
-                          "to_take", 0) or 0
-        return catch_up_tokens(None if alone else self._catch_up_left, not self._caught_up,
-                               self.drafter_cost.fit() or self.prefill_cost.fit(),
-                               max(0, len(row.work.prompt) - 1 - to_take), PREFILL_CHUNK,
-                               PREFILL_FLOOR)
+        if seconds is None or alone:
+            return PREFILL_CHUNK
+        return min(PREFILL_CHUNK, self.prefill_cost.tokens_within(
+            seconds, 0, 1, PREFILL_FLOOR) or PREFILL_FLOOR)
 
     def _decoding(self) -> bool:
         return any(lane.rows for lane in self.lanes.values())
@@ -960,13 +941,6 @@ class Engine:
                 or spec.drafter is None:
             return True
         advance = getattr(spec.drafter, "advance", None)
-        if advance is not None:
-            # What the target left in flight (a plain step's forward, which a ride or
-            # the next step's plan follows) first: the drafter's forward would wait for
-            # it on the same stream, and that time is the target's, not the drafter's
-            # (`drafter_cost`, the step's share for catching up, the part it counts in).
-            # A drafter that takes its prompt on the host (a lookup's) waits for nothing.
-            mx.synchronize()
         began = time.perf_counter()
         try:
             if advance is None:
@@ -975,11 +949,8 @@ class Engine:
             else:
                 before, started = getattr(spec.drafter, "to_take", 0), time.perf_counter()
                 row.draft.drafter_in = bool(advance(budget))
-                took = before - getattr(spec.drafter, "to_take", 0)
-                seconds = time.perf_counter() - started
-                self._drafter_took(took, seconds)
-                self.drafter_cost.observe(took, len(row.work.prompt) - 1 - before + took / 2,
-                                          seconds)
+                self._drafter_took(before - getattr(spec.drafter, "to_take", 0),
+                                   time.perf_counter() - started)
             return row.draft.drafter_in
         except Exception as exc:  # a drafter's fault is a decline
             log.warning("drafter_failed", error=repr(exc), request_id=row.rid)
@@ -1193,12 +1164,8 @@ class Engine:
         room = min(row.answer.budget - row.issued,
                    self.context_length - len(row.work.prompt) - (row.issued - row.start)) - 1
         if not row.draft.drafter_in:  # its drafter is still taking the prompt
-            tokens = self._catch_up_tokens(row) if self._drafter_due(row) else 0
-            if tokens:
-                began, self._caught_up = self._drafting, True
-                self._drafter_prefill(row, tokens)
-                if self._catch_up_left is not None:
-                    self._catch_up_left -= self._drafting - began
+            if self._drafter_due(row):
+                self._drafter_prefill(row, self._catch_up_tokens())
             return self._lookup_only(row, room) if row.draft.speculating else (0, 1.0)
         if isinstance(spec.drafter, LookupDrafter) and spec.lookup_policies is not None:
             return self._lookup_alone(row, room)

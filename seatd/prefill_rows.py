@@ -12,8 +12,6 @@ at one offset, one forward for all of them, and split again as each row's prompt
                            where only its answer's header follows)
     unpaced_tokens(fit, rows, context, chunk, floor)   prompt tokens a row for a step
                            nobody keeps a pace for
-    catch_up_tokens(left, first, fit, taken, chunk, floor)   prompt tokens a decoding
-                           row's drafter takes within what is left of a step's share
 
 Rows at one offset need no padding and no mask beyond mlx-lm's own causal one, so a
 joining group is plain mlx-lm caches with a batch axis; the batch engine
@@ -277,24 +275,6 @@ def tokens_within(fit: tuple[float, float, float], seconds: float, context: floa
         return floor
     t = -c / b if a <= 0 else (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
     return max(floor, int(t))
-
-
-def catch_up_tokens(left: float | None, first: bool,
-                    fit: tuple[float, float, float] | None, taken: int, chunk: int,
-                    floor: int) -> int:
-    """Prompt tokens a decoding row's drafter takes in a step to catch up: `left`
-    seconds of the step's share for catching up (None: nobody keeps a pace, a whole
-    `chunk`), by the drafter's measured cost (`fit`; None: none measured, `floor`),
-    `taken` tokens in.  The step's `first` drafter takes at least `floor` however little
-    is left, so that catching up always moves on; a later one takes 0 once the share is
-    spent.  Pure."""
-    if left is None:
-        return chunk
-    if left <= 0 and not first:
-        return 0
-    if fit is None:
-        return floor
-    return min(chunk, tokens_within(fit, max(left, 0.0), taken, 1, floor))
 
 
 class RideCost:

@@ -15,7 +15,6 @@ from seatd.engine_types import make_cache
 from seatd.prefill_rows import (
     PrefillCost,
     RideCost,
-    catch_up_tokens,
     fit_cost,
     padded,
     stack,
@@ -237,23 +236,3 @@ def test_a_row_joins_at_its_last_cut_where_only_its_answers_header_follows(
     from seatd.prefill_rows import join_point
 
     assert join_point(prompt_len, cuts, 512) == point
-
-
-# A drafter's prefill: 2 ms fixed, 0.05 ms a token (no context term).
-DRAFTER = (0.002, 0.00005, 0.0)
-
-
-@pytest.mark.parametrize(("left", "first", "fit", "taken", "want", "why"), [
-    (None, True, DRAFTER, 0, 512, "nobody keeps a pace: a whole chunk"),
-    (0.012, True, DRAFTER, 100, 200, "10 ms past the fixed part at 0.05 ms: 200 tokens"),
-    (0.1, True, DRAFTER, 0, 512, "... at most a chunk"),
-    (0.012, False, DRAFTER, 100, 200, "a later drafter, the share not spent: the same"),
-    (0.0, True, DRAFTER, 100, 8, "the step's first always moves on: the floor"),
-    (-0.01, False, DRAFTER, 100, 0, "the share spent by another: nothing this step"),
-    (0.012, True, None, 100, 8, "no cost measured: the floor"),
-    (0.001, True, DRAFTER, 100, 8, "less than the fixed part: the floor"),
-])
-def test_a_drafter_catches_up_within_what_is_left_of_the_steps_share(
-        left: float | None, first: bool, fit: tuple[float, float, float] | None, taken: int,
-        want: int, why: str) -> None:
-    assert catch_up_tokens(left, first, fit, taken, 512, 8) == want, why
