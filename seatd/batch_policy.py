@@ -186,12 +186,11 @@ def catch_up_due(seconds: Sequence[float] | None, expected: Callable[[int], floa
     (`expected`); its best round saves seconds[0] - seconds[d] / expected(d) a token,
     at depths 1..deepest (those the policy holds).  Due where the row's `left` tokens at
     that saving repay the catch-up, or where nothing says otherwise (no times, no round
-    to judge, no prefill cost measured).  A
-    row left alone with a few tokens to go thus finishes plain (by lookup where that
-    pays) instead of prefilling its whole context into a drafter for them: the same
-    test a batch's rows pass (`drafter_due`), at the row's own figures.  A row that
-    begins alone always takes its drafter with its prompt (its probes keep the seat's
-    figures current).  Pure."""
+    to judge, no prefill cost measured).  A row left alone with a few tokens to go thus
+    finishes plain (by lookup where that pays) instead of prefilling its whole context
+    into a drafter for them: the same test a batch's rows pass (`drafter_due`), at the
+    row's own figures.  A row that begins alone always takes its drafter with its
+    prompt (its probes keep the seat's figures current).  Pure."""
     if seconds is None or prefill_s is None or len(seconds) < 2 or seconds[0] <= 0:
         return True
     top = min(deepest, len(seconds) - 1)
