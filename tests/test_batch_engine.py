@@ -852,6 +852,24 @@ def test_unseeded_sampling_rows_draw_together(
     assert got_c is not None and got_c.token_ids == want_c.token_ids
 
 
+def two_rows_verifying_at(engine: Engine, verify_s: float) -> None:
+    """The engine's figures for 2 rows: a settled plain step of 10 ms, a verify step of
+    every width `verify_s`."""
+    engine.costs.seconds[(2, 1)], engine.costs.timed[(2, 1)] = 0.01, SETTLED
+    for w in range(2, 17):
+        engine.costs.seconds[(2, w)], engine.costs.timed[(2, w)] = verify_s, SETTLED
+
+
+def cheap_rounds() -> tuple[DepthStats, RoundPolicy]:
+    """A request's figures whose policy holds cheap rounds: 1 ms at every depth
+    against a plain token's 10 ms (a few ms saved a token)."""
+    stats = DepthStats()
+    seed_times(stats, {0: 0.010, 1: 0.001, 2: 0.001, 3: 0.001})
+    policy = RoundPolicy.from_stats(stats)
+    assert policy is not None
+    return stats, policy
+
+
 @pytest.mark.parametrize("loses", [True, False])
 def test_rows_of_a_batch_where_verifying_loses_take_no_drafter_prefill_until_alone(
         pair: tuple[Any, Any, Any], loses: bool) -> None:
@@ -863,10 +881,7 @@ def test_rows_of_a_batch_where_verifying_loses_take_no_drafter_prefill_until_alo
     join.  Either way every answer is its own alone."""
     model, tok, drafter = pair
     engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
-    engine.costs.seconds[(2, 1)], engine.costs.timed[(2, 1)] = 0.01, SETTLED
-    for w in range(2, 17):
-        engine.costs.seconds[(2, w)] = 1.0 if loses else 0.011
-        engine.costs.timed[(2, w)] = SETTLED
+    two_rows_verifying_at(engine, 1.0 if loses else 0.011)
     prompts = {"a": tok.encode("def fibonacci(n):"), "b": tok.encode("class Stack:")}
     budgets = {"a": 6, "b": 30}
     drafters = {rid: ModelDrafter(drafter) for rid in prompts}
@@ -901,26 +916,20 @@ def test_rows_of_a_batch_where_verifying_loses_take_no_drafter_prefill_until_alo
 def test_a_row_left_alone_catches_its_drafter_up_only_where_its_tokens_left_repay_it(
         pair: tuple[Any, Any, Any], rate: float) -> None:
     """As above where verifying 2 rows loses, with each request's policy holding cheap
-    rounds (1 ms at every depth against a plain token's 10 ms: a few ms saved a token)
-    and the drafters' prefill measured at `rate` seconds a token.  When the shorter
-    request ends, the row left alone (24 tokens to go, a context of 10) catches its
-    drafter up where those tokens repay it (a nanosecond a token), not where they
-    cannot (a second a token: 10 s against well under one), and finishes plain,
-    declined as not profitable, its answer its own alone either way."""
+    rounds (`cheap_rounds`) and the drafters' prefill measured at `rate` seconds a
+    token.  When the shorter request ends, the row left alone (24 tokens to go, a
+    context of 10) catches its drafter up where those tokens repay it (a nanosecond a
+    token), not where they cannot (a second a token: 10 s against well under one), and
+    finishes plain, declined as not profitable, its answer its own alone either way."""
     model, tok, drafter = pair
     engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
-    engine.costs.seconds[(2, 1)], engine.costs.timed[(2, 1)] = 0.01, SETTLED
-    for w in range(2, 17):
-        engine.costs.seconds[(2, w)], engine.costs.timed[(2, w)] = 1.0, SETTLED
+    two_rows_verifying_at(engine, 1.0)
     engine.drafter_rate = rate
     prompts = {"a": tok.encode("def fibonacci(n):"), "b": tok.encode("class Stack:")}
     budgets = {"a": 6, "b": 30}
     drafters = {rid: ModelDrafter(drafter) for rid in prompts}
     for rid, prompt in prompts.items():
-        stats = DepthStats()
-        seed_times(stats, {0: 0.010, 1: 0.001, 2: 0.001, 3: 0.001})
-        policy = RoundPolicy.from_stats(stats)
-        assert policy is not None
+        stats, policy = cheap_rounds()
         params = SamplingParams(max_tokens=budgets[rid], temperature=0)
         engine.submit(Work(Generate(rid, False, params, prompt="-"), prompt, "fp16",
                            spec=Speculation(drafters[rid], 3, stats, policy=policy)))
@@ -954,10 +963,7 @@ def test_a_row_that_begins_alone_takes_its_drafter_with_its_prompt_whatever_it_c
     engine = Engine(model, tok, 2048, output_width(model), 8, KVBudget(1 << 30))
     engine.drafter_rate = 1.0
     prompt = tok.encode("def fibonacci(n):")
-    stats = DepthStats()
-    seed_times(stats, {0: 0.010, 1: 0.001, 2: 0.001, 3: 0.001})
-    policy = RoundPolicy.from_stats(stats)
-    assert policy is not None
+    stats, policy = cheap_rounds()
     own = ModelDrafter(drafter)
     params = SamplingParams(max_tokens=6, temperature=0)
     engine.submit(Work(Generate("a", False, params, prompt="-"), prompt, "fp16",
